@@ -1,0 +1,497 @@
+"""The experience pool: what ExGRPO remembers of its own past successes (paper §3.1, SPEC §1.1).
+
+After each step, every question's *fresh* rollouts are summarised by their accuracy. Partly solved questions
+keep their correct trajectories (token ids exactly as generated and the behaviour policy's per-token
+log-probs), fully solved ones retire for good, and every held question sits in the bucket of its latest
+accuracy, from which :func:`exgrpo.sampling` draws replay questions. Memory is bounded per question and,
+optionally, globally (least recently updated questions go first).
+
+Every operation costs O(work it is given), never O(pool size): questions live in an ordered dict (recency
+order for eviction), each bucket is a list with an index for O(1) removal, and the running totals the
+metrics need are kept as counters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exgrpo.config import ExGRPOConfig
+from exgrpo.sampling import allocate_counts, bucket_probabilities, draw_without_replacement
+
+STATE_VERSION = 1
+_INT32 = np.dtype("<i4")
+_FLOAT32 = np.dtype("<f4")
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One stored success: response token ids as generated (EOS included) and their behaviour log-probs."""
+
+    token_ids: np.ndarray  # int32, read-only view
+    log_probs: np.ndarray  # float32, read-only view, same length
+    step: int  # training step that generated it
+
+
+class _Stored:
+    """A trajectory packed as one bytes blob (int32 ids then float32 log-probs): ~8 bytes/token + ~90."""
+
+    __slots__ = ("blob", "step")
+
+    def __init__(self, blob: bytes, step: int) -> None:
+        self.blob = blob
+        self.step = step
+
+    @property
+    def length(self) -> int:
+        return len(self.blob) // 8
+
+    def token_bytes(self) -> memoryview:
+        return memoryview(self.blob)[: 4 * self.length]
+
+    def unpack(self) -> Trajectory:
+        n = self.length
+        ids = np.frombuffer(self.blob, dtype=_INT32, count=n)
+        logp = np.frombuffer(self.blob, dtype=_FLOAT32, count=n, offset=4 * n)
+        return Trajectory(token_ids=ids, log_probs=logp, step=self.step)
+
+
+class _Question:
+    __slots__ = ("bucket", "accuracy", "trajectories", "tokens", "step")
+
+    def __init__(self, bucket: float, accuracy: float, step: int) -> None:
+        self.bucket = bucket
+        self.accuracy = accuracy
+        self.trajectories: list[_Stored] = []
+        self.tokens = 0
+        self.step = step
+
+
+class _Bucket:
+    """A list of question ids with O(1) add, O(1) swap-remove and uniform draws by index."""
+
+    __slots__ = ("members", "position")
+
+    def __init__(self) -> None:
+        self.members: list[str] = []
+        self.position: dict[str, int] = {}
+
+    def add(self, qid: str) -> None:
+        self.position[qid] = len(self.members)
+        self.members.append(qid)
+
+    def remove(self, qid: str) -> None:
+        i = self.position.pop(qid)
+        last = self.members.pop()
+        if last != qid:
+            self.members[i] = last
+            self.position[last] = i
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+
+class ExperiencePool:
+    """Held questions, their stored successes, their buckets, the retired set and the delayed-start latch.
+
+    ``update`` takes one question's fresh rollouts of a step; ``sample`` draws replay questions;
+    ``candidates`` gives a question's stored trajectories for selection. ``state_dict``/``save`` capture
+    everything, RNG included, so a resumed run draws exactly what the uninterrupted one would have.
+    """
+
+    def __init__(self, config: ExGRPOConfig, seed: int = 0) -> None:
+        self.config = config
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._questions: OrderedDict[str, _Question] = OrderedDict()  # least recently updated first
+        self._buckets: dict[float, _Bucket] = {}
+        self._retired: set[str] = set()
+        self.active = False
+        self._trajectories = 0
+        self._tokens = 0
+        self.counters = {"evicted_questions": 0, "evicted_trajectories": 0, "dropped_duplicates": 0,
+                         "trimmed_trajectories": 0}
+
+    # ---------------------------------------------------------------- the delayed start
+    def observe_step_accuracy(self, fresh_accuracy: float) -> bool:
+        """Latch collection and replay on once a step's fresh accuracy exceeds ``start_acc``; stays on."""
+        if not self.active and fresh_accuracy > self.config.start_acc:
+            self.active = True
+        return self.active
+
+    # ---------------------------------------------------------------- collection
+    def update(
+        self,
+        qid: str,
+        rewards: Sequence[float],
+        responses: Sequence[Sequence[int]],
+        log_probs: Sequence[Sequence[float]],
+        step: int,
+    ) -> str:
+        """Record one question's fresh rollouts of ``step`` (never the replayed member).
+
+        Returns what happened: ``"stored"`` (partly solved: successes kept, bucket updated), ``"retired"``
+        (all solved), ``"unsolved"`` (none solved: a held question moves to the lowest bucket), or
+        ``"ignored"`` (already retired, or a continuous group with zero spread below the maximum).
+        """
+        qid = str(qid)
+        n = len(rewards)
+        if n == 0:
+            raise ValueError(f"question {qid!r}: no fresh rollouts given")
+        if len(responses) != n or len(log_probs) != n:
+            raise ValueError(
+                f"question {qid!r}: {n} rewards but {len(responses)} responses and {len(log_probs)} log_probs"
+            )
+        scores = np.asarray(rewards, dtype=np.float64)
+        if not np.all(np.isfinite(scores)):
+            raise ValueError(f"question {qid!r}: non-finite reward in {scores.tolist()}")
+        if qid in self._retired:
+            return "ignored"
+        if self.config.reward_type == "binary":
+            bad = np.flatnonzero((scores != 0.0) & (scores != 1.0))
+            if bad.size:
+                raise ValueError(
+                    f"question {qid!r}, rollout {int(bad[0])}: reward {scores[bad[0]]!r} is not 0 or 1 "
+                    "(set reward_type: continuous for graded rewards)"
+                )
+            successes = scores == 1.0
+            k = int(successes.sum())
+            if k == n:
+                return self._retire(qid)
+            bucket = accuracy = k / n
+        else:
+            lo, hi = self.config.reward_min, self.config.reward_max
+            bad = np.flatnonzero((scores < lo - 1e-9) | (scores > hi + 1e-9))
+            if bad.size:
+                raise ValueError(
+                    f"question {qid!r}, rollout {int(bad[0])}: reward {scores[bad[0]]!r} outside "
+                    f"[reward_min, reward_max] = [{lo}, {hi}]"
+                )
+            spread = float(np.std(scores)) / ((hi - lo) / 2.0)
+            if spread < 1e-9:
+                if float(scores.mean()) >= hi - 1e-9:
+                    return self._retire(qid)
+                return "ignored"
+            successes = scores > scores.mean()
+            k = int(successes.sum())
+            accuracy = float(np.mean(scores))
+            levels = self.config.n_rollouts
+            bucket = round(min(spread, 1.0) * levels) / levels
+        bucket = round(bucket, 9)  # a stable dict key for k / n
+        if k == 0:
+            held = self._questions.get(qid)
+            if held is not None:
+                self._move(qid, held, bucket, accuracy, step)
+            return "unsolved"
+        new = [self._pack(qid, i, responses[i], log_probs[i], step) for i in np.flatnonzero(successes)]
+        held = self._questions.get(qid)
+        if held is None:
+            held = _Question(bucket, accuracy, step)
+            self._questions[qid] = held
+            self._bucket(bucket).add(qid)
+        else:
+            self._move(qid, held, bucket, accuracy, step)
+        self._store(held, new)
+        self._enforce_token_cap()
+        return "stored"
+
+    def _pack(self, qid: str, row: int, response: Sequence[int], logp: Sequence[float], step: int) -> _Stored:
+        ids = np.asarray(response)
+        lp = np.asarray(logp, dtype=_FLOAT32)
+        if ids.ndim != 1 or lp.ndim != 1 or ids.shape != lp.shape:
+            raise ValueError(
+                f"question {qid!r}, rollout {row}: response has {ids.size} tokens but {lp.size} log-probs"
+            )
+        if ids.size == 0:
+            raise ValueError(f"question {qid!r}, rollout {row}: empty response cannot be stored")
+        if not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() > np.iinfo(_INT32).max:
+            raise ValueError(f"question {qid!r}, rollout {row}: token ids must be integers in int32 range")
+        if not np.all(np.isfinite(lp)):
+            raise ValueError(f"question {qid!r}, rollout {row}: non-finite behaviour log-prob")
+        return _Stored(ids.astype(_INT32, copy=False).tobytes() + lp.tobytes(), int(step))
+
+    def _store(self, held: _Question, new: list[_Stored]) -> None:
+        for item in new:
+            ids = item.token_bytes()
+            if any(old.length == item.length and old.token_bytes() == ids for old in held.trajectories):
+                self.counters["dropped_duplicates"] += 1
+                continue
+            held.trajectories.append(item)
+            held.tokens += item.length
+            self._trajectories += 1
+            self._tokens += item.length
+        cap = self.config.per_question_cap
+        while len(held.trajectories) > cap:  # keep the newest
+            old = held.trajectories.pop(0)
+            held.tokens -= old.length
+            self._trajectories -= 1
+            self._tokens -= old.length
+            self.counters["trimmed_trajectories"] += 1
+
+    def _move(self, qid: str, held: _Question, bucket: float, accuracy: float, step: int) -> None:
+        if held.bucket != bucket:
+            self._drop_from_bucket(qid, held.bucket)
+            self._bucket(bucket).add(qid)
+            held.bucket = bucket
+        held.accuracy = accuracy
+        held.step = step
+        self._questions.move_to_end(qid)
+
+    def _retire(self, qid: str) -> str:
+        if qid in self._questions:
+            self._remove(qid)
+        self._retired.add(qid)
+        return "retired"
+
+    def _remove(self, qid: str) -> _Question:
+        held = self._questions.pop(qid)
+        self._drop_from_bucket(qid, held.bucket)
+        self._trajectories -= len(held.trajectories)
+        self._tokens -= held.tokens
+        return held
+
+    def _bucket(self, key: float) -> _Bucket:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket()
+        return bucket
+
+    def _drop_from_bucket(self, qid: str, key: float) -> None:
+        bucket = self._buckets[key]
+        bucket.remove(qid)
+        if not bucket:
+            del self._buckets[key]
+
+    def _enforce_token_cap(self) -> None:
+        cap = self.config.max_stored_tokens
+        while cap is not None and self._tokens > cap and self._questions:
+            qid = next(iter(self._questions))
+            held = self._remove(qid)
+            self.counters["evicted_questions"] += 1
+            self.counters["evicted_trajectories"] += len(held.trajectories)
+
+    # ---------------------------------------------------------------- selection
+    def sample(self, n: int, exclude: Iterable[str] = ()) -> list[str]:
+        """Draw ``min(n, eligible)`` distinct held questions by Gaussian bucket weighting.
+
+        ``exclude`` holds questions already in the batch as fresh ones; they are not replayed.
+        """
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        excluded_by_bucket: dict[float, set[str]] = {}
+        for qid in exclude:
+            held = self._questions.get(str(qid))
+            if held is not None:
+                excluded_by_bucket.setdefault(held.bucket, set()).add(str(qid))
+        keys = [k for k in self._buckets if len(self._buckets[k]) > len(excluded_by_bucket.get(k, ()))]
+        if not keys or n == 0:
+            return []
+        capacities = [len(self._buckets[k]) - len(excluded_by_bucket.get(k, ())) for k in keys]
+        n = min(n, sum(capacities))
+        mu = self.config.mu if self.config.reward_type == "binary" else 1.0
+        probs = bucket_probabilities(keys, mu=mu, sigma=self.config.sigma)
+        counts = allocate_counts(self._rng, probs, capacities, n)
+        drawn: list[str] = []
+        for key, count in zip(keys, counts.tolist(), strict=True):
+            if count:
+                members = self._buckets[key].members
+                drawn.extend(draw_without_replacement(self._rng, members, count, excluded_by_bucket.get(key, set())))
+        return drawn
+
+    def candidates(self, qid: str) -> list[Trajectory]:
+        """The stored trajectories of a held question, oldest first."""
+        held = self._questions.get(str(qid))
+        if held is None:
+            raise KeyError(f"question {qid!r} is not in the pool")
+        return [item.unpack() for item in held.trajectories]
+
+    def choose_random(self, n_candidates: int) -> int:
+        """Index of a uniformly chosen candidate, from the pool's RNG (the ``select: random`` ablation)."""
+        if n_candidates < 1:
+            raise ValueError("no candidates to choose from")
+        return int(self._rng.integers(n_candidates))
+
+    # ---------------------------------------------------------------- queries
+    def __len__(self) -> int:
+        return len(self._questions)
+
+    def __contains__(self, qid: object) -> bool:
+        return str(qid) in self._questions
+
+    def is_retired(self, qid: str) -> bool:
+        return str(qid) in self._retired
+
+    def accuracy(self, qid: str) -> float | None:
+        """Latest fresh accuracy of a held question (mean reward if continuous); None if not held."""
+        held = self._questions.get(str(qid))
+        return None if held is None else held.accuracy
+
+    def bucket_of(self, qid: str) -> float | None:
+        held = self._questions.get(str(qid))
+        return None if held is None else held.bucket
+
+    def bucket_counts(self) -> dict[float, int]:
+        return {key: len(self._buckets[key]) for key in sorted(self._buckets)}
+
+    def stats(self) -> dict[str, float]:
+        """Flat metrics for a logger; O(number of buckets)."""
+        out: dict[str, float] = {
+            "pool/questions": len(self._questions),
+            "pool/trajectories": self._trajectories,
+            "pool/tokens": self._tokens,
+            "pool/retired": len(self._retired),
+            "pool/active": float(self.active),
+        }
+        out.update({f"pool/{name}": value for name, value in self.counters.items()})
+        for key, count in self.bucket_counts().items():
+            out[f"pool/bucket_{key:.3f}"] = count
+        return out
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: arrays and plain values only (no pickled objects)."""
+        qids = list(self._questions)
+        questions = [self._questions[q] for q in qids]
+        trajectories = [t for h in questions for t in h.trajectories]
+        lengths = np.array([t.length for t in trajectories], dtype=np.int64)
+        blobs = [t.blob for t in trajectories]
+        token_ids = np.concatenate([np.frombuffer(b, _INT32, count=len(b) // 8) for b in blobs]) if blobs else (
+            np.zeros(0, _INT32))
+        log_probs = np.concatenate([np.frombuffer(b, _FLOAT32, count=len(b) // 8, offset=len(b) // 2)
+                                    for b in blobs]) if blobs else np.zeros(0, _FLOAT32)
+        return {
+            "version": STATE_VERSION,
+            "config": self.config.to_dict(),
+            "seed": self.seed,
+            "qids": qids,
+            "bucket": np.array([h.bucket for h in questions], dtype=np.float64),
+            "bucket_position": np.array([self._buckets[h.bucket].position[q] for q, h in zip(qids, questions,
+                                                                                          strict=True)],
+                                        dtype=np.int64),
+            "accuracy": np.array([h.accuracy for h in questions], dtype=np.float64),
+            "question_step": np.array([h.step for h in questions], dtype=np.int64),
+            "n_trajectories": np.array([len(h.trajectories) for h in questions], dtype=np.int64),
+            "trajectory_step": np.array([t.step for t in trajectories], dtype=np.int64),
+            "trajectory_length": lengths,
+            "token_ids": token_ids,
+            "log_probs": log_probs,
+            "retired": sorted(self._retired),
+            "active": self.active,
+            "counters": dict(self.counters),
+            "rng": json.dumps(self._rng.bit_generator.state),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; inconsistent or truncated state is an error naming the part."""
+        try:
+            version = int(state["version"])
+            if version != STATE_VERSION:
+                raise ValueError(f"pool state version {version}, this code reads {STATE_VERSION}")
+            qids = [str(q) for q in state["qids"]]
+            n_q = len(qids)
+            per_q = {name: np.asarray(state[name]) for name in ("bucket", "bucket_position", "accuracy",
+                                                                   "question_step", "n_trajectories")}
+            for name, arr in per_q.items():
+                if arr.shape != (n_q,):
+                    raise ValueError(f"pool state field {name!r} has shape {arr.shape}, expected ({n_q},)")
+            lengths = np.asarray(state["trajectory_length"], dtype=np.int64)
+            steps = np.asarray(state["trajectory_step"], dtype=np.int64)
+            token_ids = np.asarray(state["token_ids"]).astype(_INT32, copy=False)
+            log_probs = np.asarray(state["log_probs"]).astype(_FLOAT32, copy=False)
+            if int(per_q["n_trajectories"].sum()) != lengths.size or steps.shape != lengths.shape:
+                raise ValueError("pool state: trajectory counts do not match the trajectory table")
+            if np.any(lengths < 1) or int(lengths.sum()) != token_ids.size or token_ids.size != log_probs.size:
+                raise ValueError(
+                    f"pool state: {int(lengths.sum())} tokens by length, {token_ids.size} token ids, "
+                    f"{log_probs.size} log-probs"
+                )
+            if np.any(per_q["n_trajectories"] < 1):
+                raise ValueError("pool state: a held question has no trajectory")
+            if len(set(qids)) != n_q:
+                raise ValueError("pool state: duplicate question ids")
+            rng_state = json.loads(state["rng"])
+            retired = {str(q) for q in state["retired"]}
+            active = bool(state["active"])
+            counters = {k: int(v) for k, v in dict(state["counters"]).items()}
+        except KeyError as err:
+            raise ValueError(f"pool state is missing the field {err.args[0]!r}") from err
+
+        self._questions = OrderedDict()
+        self._buckets = {}
+        self._trajectories = self._tokens = 0
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        t = 0
+        placed: dict[float, list[tuple[int, str]]] = {}
+        for i, qid in enumerate(qids):
+            bucket = round(float(per_q["bucket"][i]), 9)
+            held = _Question(bucket, float(per_q["accuracy"][i]), int(per_q["question_step"][i]))
+            for _ in range(int(per_q["n_trajectories"][i])):
+                a, b = int(offsets[t]), int(offsets[t + 1])
+                blob = token_ids[a:b].tobytes() + log_probs[a:b].tobytes()
+                held.trajectories.append(_Stored(blob, int(steps[t])))
+                held.tokens += b - a
+                t += 1
+            self._questions[qid] = held
+            self._trajectories += len(held.trajectories)
+            self._tokens += held.tokens
+            placed.setdefault(bucket, []).append((int(per_q["bucket_position"][i]), qid))
+        for key, members in placed.items():
+            bucket = self._bucket(key)
+            for _, qid in sorted(members):
+                bucket.add(qid)
+        overlap = retired.intersection(self._questions)
+        if overlap:
+            raise ValueError(f"pool state: question {sorted(overlap)[0]!r} is both held and retired")
+        self._retired = retired
+        self.active = active
+        self.counters.update(counters)
+        self._rng = np.random.default_rng()
+        self._rng.bit_generator.state = rng_state
+        self.seed = int(state.get("seed", self.seed))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the state to ``path`` atomically (temp file + rename): a crash never leaves half a file."""
+        state = self.state_dict()
+        arrays = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
+        meta = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, config: ExGRPOConfig | None = None) -> ExperiencePool:
+        """Read a file written by :meth:`save`; a missing or corrupt file raises naming the path."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"experience pool file {path} does not exist")
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                state = {k: data[k] for k in data.files if k != "meta"}
+                meta = json.loads(bytes(data["meta"]).decode())
+        except Exception as err:  # zip, json and dtype errors all mean the same thing to the user
+            raise ValueError(f"experience pool file {path} is corrupt or not a pool file: {err}") from err
+        state.update(meta)
+        pool = cls(config or ExGRPOConfig.from_dict(meta["config"]), seed=int(meta.get("seed", 0)))
+        try:
+            pool.load_state_dict(state)
+        except ValueError as err:
+            raise ValueError(f"experience pool file {path}: {err}") from err
+        return pool
+

@@ -1,0 +1,45 @@
+"""Which stored trajectory a replayed question contributes: the one the current policy is surest of.
+
+ExGRPO (paper §3.2, SPEC §1.2.2) scores each stored success of a replayed question by its mean per-token
+entropy under the *current* policy and replays the lowest: low entropy marks a reasoning chain the model
+finds natural, high entropy one it reached by luck. The mean runs over response tokens only, so it must
+not depend on how rows are padded: every function here takes an explicit mask aligned with the entropies
+(the authors' code inverted the mask and misaligned positions, making padding decide the winner).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the next-token distribution at each position, ``[..., V] -> [...]``, in nats."""
+    logits = logits.float()
+    log_p = torch.log_softmax(logits, dim=-1)
+    return -(log_p.exp() * log_p).sum(dim=-1)
+
+
+def mean_token_entropy(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-row mean of ``entropy`` over positions where ``mask`` is set; NaN for a row with no such position.
+
+    ``entropy`` and ``mask`` are ``[B, T]`` and aligned position by position, whatever the padding side.
+    """
+    if entropy.shape != mask.shape:
+        raise ValueError(f"entropy {tuple(entropy.shape)} and mask {tuple(mask.shape)} must have the same shape")
+    weights = mask.to(torch.float64)
+    total = (entropy.to(torch.float64) * weights).nan_to_num(0.0).sum(dim=-1)
+    count = weights.sum(dim=-1)
+    mean = total / count.clamp(min=1.0)
+    return torch.where(count > 0, mean, torch.full_like(mean, float("nan")))
+
+
+def select_lowest_entropy(scores: torch.Tensor | list[float]) -> int:
+    """Index of the lowest mean entropy; NaN scores (empty rows) never win; ties go to the first."""
+    values = torch.as_tensor(scores, dtype=torch.float64).reshape(-1)
+    if values.numel() == 0:
+        raise ValueError("no candidate scores to select from")
+    finite = ~torch.isnan(values)
+    if not bool(finite.any()):
+        raise ValueError("every candidate has an empty response mask; nothing to select")
+    masked = torch.where(finite, values, torch.full_like(values, float("inf")))
+    return int(torch.argmin(masked))
