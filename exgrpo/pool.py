@@ -159,7 +159,7 @@ class ExperiencePool:
             bad = np.flatnonzero((scores != 0.0) & (scores != 1.0))
             if bad.size:
                 raise ValueError(
-                    f"question {qid!r}, rollout {int(bad[0])}: reward {scores[bad[0]]!r} is not 0 or 1 "
+                    f"question {qid!r}, rollout {int(bad[0])}: reward {float(scores[bad[0]])!r} is not 0 or 1 "
                     "(set reward_type: continuous for graded rewards)"
                 )
             successes = scores == 1.0
@@ -172,7 +172,7 @@ class ExperiencePool:
             bad = np.flatnonzero((scores < lo - 1e-9) | (scores > hi + 1e-9))
             if bad.size:
                 raise ValueError(
-                    f"question {qid!r}, rollout {int(bad[0])}: reward {scores[bad[0]]!r} outside "
+                    f"question {qid!r}, rollout {int(bad[0])}: reward {float(scores[bad[0]])!r} outside "
                     f"[reward_min, reward_max] = [{lo}, {hi}]"
                 )
             spread = float(np.std(scores)) / ((hi - lo) / 2.0)
@@ -291,7 +291,8 @@ class ExperiencePool:
             held = self._questions.get(str(qid))
             if held is not None:
                 excluded_by_bucket.setdefault(held.bucket, set()).add(str(qid))
-        keys = [k for k in self._buckets if len(self._buckets[k]) > len(excluded_by_bucket.get(k, ()))]
+        # sorted: the draw must not depend on the order buckets happened to be created in (state round trips)
+        keys = [k for k in sorted(self._buckets) if len(self._buckets[k]) > len(excluded_by_bucket.get(k, ()))]
         if not keys or n == 0:
             return []
         capacities = [len(self._buckets[k]) - len(excluded_by_bucket.get(k, ())) for k in keys]

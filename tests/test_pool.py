@@ -1,0 +1,317 @@
+import tracemalloc
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from exgrpo.config import ExGRPOConfig
+from exgrpo.pool import ExperiencePool
+from exgrpo.sampling import bucket_probabilities
+
+K = 8
+
+
+def group(rewards, length=4, base=0):
+    """Rollouts whose token ids identify them: row i is [base + i] * length."""
+    responses = [[base + i] * length for i in range(len(rewards))]
+    log_probs = [[-0.5 - 0.01 * i] * length for i in range(len(rewards))]
+    return rewards, responses, log_probs
+
+
+def test_partly_solved_question_stores_its_successes_in_its_accuracy_bucket():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K))
+    assert pool.update("q", *group([1, 0, 0, 1, 0, 0, 1, 0]), step=3) == "stored"
+    assert len(pool) == 1 and pool.accuracy("q") == 3 / 8 and pool.bucket_of("q") == 0.375
+    stored = pool.candidates("q")
+    assert [t.token_ids.tolist() for t in stored] == [[0] * 4, [3] * 4, [6] * 4]
+    assert all(t.step == 3 for t in stored)
+
+
+def test_fully_solved_retires_and_unsolved_keeps_old_successes_in_bucket_zero():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K))
+    assert pool.update("new", *group([0] * 8), step=1) == "unsolved"
+    assert "new" not in pool and pool.accuracy("new") is None
+    pool.update("q", *group([1, 0, 0, 0, 0, 0, 0, 0]), step=1)
+    assert pool.update("q", *group([0] * 8), step=2) == "unsolved"
+    assert pool.bucket_of("q") == 0.0 and len(pool.candidates("q")) == 1
+    assert pool.update("q", *group([1] * 8), step=3) == "retired"
+    assert pool.is_retired("q") and "q" not in pool and pool.stats()["pool/trajectories"] == 0
+    assert pool.update("q", *group([1, 0, 0, 0, 0, 0, 0, 0]), step=4) == "ignored"
+    assert "q" not in pool
+
+
+def test_replayed_question_accuracy_counts_only_its_k_minus_1_fresh_rollouts():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K))
+    pool.update("q", *group([1, 0, 0, 0, 0, 0, 0]), step=1)  # K - 1 = 7 fresh rollouts, one correct
+    assert pool.accuracy("q") == pytest.approx(1 / 7)
+    assert pool.update("q", *group([1] * 7), step=2) == "retired"  # 7/7 fresh retires; the replay is not counted
+
+
+def test_duplicates_dropped_and_newest_kept_per_question():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4, max_per_question=2))
+    rewards = [1, 1, 0, 0]
+    responses = [[5, 6, 2], [5, 6, 2], [1, 1, 1], [9, 9, 9]]
+    pool.update("q", rewards, responses, [[-1.0] * 3] * 4, step=1)
+    assert len(pool.candidates("q")) == 1 and pool.stats()["pool/dropped_duplicates"] == 1
+    pool.update("q", [1, 1, 0, 1], [[7, 2], [8, 2], [0], [5, 6, 2]], [[-1.0] * 2, [-1.0] * 2, [-1.0], [-2.0] * 3],
+                step=2)
+    ids = [t.token_ids.tolist() for t in pool.candidates("q")]
+    assert ids == [[7, 2], [8, 2]]  # [5, 6, 2] was a duplicate; the oldest trimmed to the cap of 2
+    assert pool.stats()["pool/tokens"] == 4
+
+
+def test_global_token_cap_evicts_least_recently_updated_first():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4, max_stored_tokens=20))
+    for name in "abc":
+        pool.update(name, *group([1, 0, 0, 0], length=5), step=0)  # 5 tokens each
+    pool.update("a", *group([0, 0, 1, 0], length=5, base=10), step=1)  # "a" is now the most recent, 10 tokens
+    pool.update("d", *group([1, 1, 0, 0], length=3, base=20), step=2)  # +6 tokens: 26 > 20
+    # evict b (21 left, still > 20), then c (16 left); a was updated after them, d is the newest
+    assert "b" not in pool and "c" not in pool and "a" in pool and "d" in pool
+    stats = pool.stats()
+    assert stats["pool/tokens"] == 16
+    assert stats["pool/evicted_questions"] == 2 and stats["pool/evicted_trajectories"] == 2
+    assert not pool.is_retired("b")
+
+
+def test_eos_and_exact_tokens_and_log_probs_preserved():
+    # The authors decoded to text and rstrip(eos)'d: "...is even<eos>" lost "en". We keep ids as generated.
+    eos = 151645
+    ids = np.array([318, 1496, 268, eos], dtype=np.int64)
+    logp = np.array([-0.1234567, -1e-8, -17.25, -0.0], dtype=np.float32)
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=2))
+    pool.update("q", [1, 0], [ids, [1]], [logp, [-1.0]], step=0)
+    (stored,) = pool.candidates("q")
+    assert stored.token_ids.dtype == np.int32 and stored.log_probs.dtype == np.float32
+    assert stored.token_ids.tolist() == ids.tolist() and stored.token_ids[-1] == eos
+    assert stored.log_probs.tobytes() == logp.tobytes()
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (([1, 0], [[1]], [[0.0], [0.0]]), "2 rewards but 1 responses"),
+        (([1, 0], [[1, 2], [3]], [[0.0], [0.0]]), "rollout 0: response has 2 tokens but 1 log-probs"),
+        (([0.5, 0], [[1], [2]], [[0.0], [0.0]]), "rollout 0: reward 0.5 is not 0 or 1"),
+        (([1, 0], [[], [2]], [[], [0.0]]), "rollout 0: empty response"),
+        (([1, 0], [[-3], [2]], [[0.0], [0.0]]), "int32 range"),
+        (([1, 0], [[3], [2]], [[float("nan")], [0.0]]), "non-finite behaviour log-prob"),
+        (([], [], []), "no fresh rollouts"),
+    ],
+)
+def test_bad_input_names_question_and_row_and_changes_nothing(args, match):
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=2))
+    with pytest.raises(ValueError, match=match):
+        pool.update("qid7", *args, step=0)
+    assert len(pool) == 0 and pool.stats()["pool/trajectories"] == 0
+
+
+def test_sample_respects_exclusions_size_and_never_returns_duplicates():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K), seed=1)
+    for i in range(30):
+        pool.update(f"q{i}", *group([1] * (1 + i % 7) + [0] * (7 - i % 7)), step=0)
+    drawn = pool.sample(64, exclude=[f"q{i}" for i in range(10)] + ["not-held"])
+    assert len(drawn) == 20 and len(set(drawn)) == 20
+    assert not set(drawn) & {f"q{i}" for i in range(10)}
+    assert pool.sample(0) == [] and ExperiencePool(ExGRPOConfig()).sample(5) == []
+
+
+def test_empirical_bucket_frequencies_match_the_gaussian_weights():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K), seed=0)
+    for k in range(1, 8):
+        for j in range(50):
+            pool.update(f"k{k}-{j}", *group([1] * k + [0] * (8 - k)), step=0)
+    counts = Counter()
+    draws = 20000
+    for _ in range(draws // 4):
+        for qid in pool.sample(4):
+            counts[int(qid[1])] += 1
+    expected = bucket_probabilities([k / 8 for k in range(1, 8)])
+    freq = np.array([counts[k] for k in range(1, 8)]) / draws
+    assert np.abs(freq - expected).max() < 0.015
+
+
+def test_delayed_start_latches():
+    pool = ExperiencePool(ExGRPOConfig(start_acc=0.35))
+    assert not pool.observe_step_accuracy(0.35)
+    assert pool.observe_step_accuracy(0.36)
+    assert pool.observe_step_accuracy(0.0) and pool.active
+
+
+def test_continuous_rewards_success_above_mean_bucket_by_spread_and_retirement():
+    cfg = ExGRPOConfig(n_rollouts=4, reward_type="continuous", reward_min=0.0, reward_max=1.0)
+    pool = ExperiencePool(cfg)
+    assert pool.update("q", *group([0.2, 0.9, 0.5, 0.6]), step=0) == "stored"
+    assert [t.token_ids[0] for t in pool.candidates("q")] == [1, 3]  # above the mean 0.55
+    spread = np.std([0.2, 0.9, 0.5, 0.6]) / 0.5
+    assert pool.bucket_of("q") == round(spread * 4) / 4
+    assert pool.update("z", *group([0.4] * 4), step=0) == "ignored" and "z" not in pool
+    assert pool.update("q", *group([1.0] * 4), step=1) == "retired"
+    with pytest.raises(ValueError, match="outside"):
+        pool.update("r", *group([1.5, 0, 0, 0]), step=0)
+    # 0/1 rewards: the spread proxy is 2 * sqrt(acc * (1 - acc)), maximal at acc = 0.5
+    pool.update("h", *group([1, 1, 0, 0]), step=0)
+    assert pool.bucket_of("h") == 1.0
+
+
+def test_storage_is_at_most_9_bytes_per_token_plus_256_per_trajectory():
+    rng = np.random.default_rng(0)
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K))
+    tokens = trajectories = 0
+    for q in range(1500):
+        rewards = [1, 1, 1, 0, 0, 0, 0, 0]
+        lengths = rng.integers(20, 400, size=8)
+        responses = [rng.integers(0, 150000, size=n, dtype=np.int64) for n in lengths]
+        log_probs = [rng.normal(size=n).astype(np.float32) for n in lengths]
+        pool.update(f"question-{q:06d}", rewards, responses, log_probs, step=q)
+        tokens += int(lengths[:3].sum())
+        trajectories += 3
+    del responses, log_probs
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    used = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert pool.stats()["pool/tokens"] == tokens
+    assert used <= 9 * tokens + 256 * trajectories, (used, tokens, trajectories)
+
+
+def test_save_load_round_trip_and_corruption_errors(tmp_path):
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4, max_per_question=3), seed=5)
+    for i in range(12):
+        pool.update(f"q{i}", *group([1, 0, i % 2, 0], length=1 + i), step=i)
+    pool.update("q0", *group([1, 1, 1, 1]), step=20)
+    pool.observe_step_accuracy(0.9)
+    path = tmp_path / "global_step_7" / "exgrpo_pool.npz"
+    pool.save(path)
+    restored = ExperiencePool.load(path)
+    assert restored.stats() == pool.stats() and restored.active and restored.is_retired("q0")
+    for qid in ("q1", "q5", "q11"):
+        a, b = pool.candidates(qid), restored.candidates(qid)
+        assert [(t.token_ids.tolist(), t.log_probs.tobytes(), t.step) for t in a] == [
+            (t.token_ids.tolist(), t.log_probs.tobytes(), t.step) for t in b
+        ]
+    assert [pool.sample(3) for _ in range(5)] == [restored.sample(3) for _ in range(5)]
+
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ExperiencePool.load(tmp_path / "missing.npz")
+    broken = tmp_path / "broken.npz"
+    broken.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    with pytest.raises(ValueError, match="corrupt"):
+        ExperiencePool.load(broken)
+    state = pool.state_dict()
+    state["token_ids"] = state["token_ids"][:-1]
+    with pytest.raises(ValueError, match="token ids"):
+        ExperiencePool(pool.config).load_state_dict(state)
+    state = pool.state_dict()
+    del state["rng"]
+    with pytest.raises(ValueError, match="missing the field 'rng'"):
+        ExperiencePool(pool.config).load_state_dict(state)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Property-based: random sequences of updates, samples and state round trips against a plain reference model.
+
+QIDS = [f"q{i}" for i in range(12)]
+
+
+class PoolMachine(RuleBasedStateMachine):
+    @initialize(cap=st.integers(1, 4), token_cap=st.one_of(st.none(), st.integers(5, 60)), seed=st.integers(0, 99))
+    def setup(self, cap, token_cap, seed):
+        self.config = ExGRPOConfig(n_rollouts=4, max_per_question=cap, max_stored_tokens=token_cap)
+        self.pool = ExperiencePool(self.config, seed=seed)
+        self.model: dict[str, list[tuple[int, ...]]] = {}  # held question -> stored token tuples, oldest first
+        self.recency: list[str] = []
+        self.retired: set[str] = set()
+        self.step = 0
+
+    @rule(
+        qid=st.sampled_from(QIDS),
+        replay=st.booleans(),
+        data=st.data(),
+    )
+    def update(self, qid, replay, data):
+        n = 3 if replay else 4
+        rewards = data.draw(st.lists(st.sampled_from([0, 1]), min_size=n, max_size=n))
+        responses = data.draw(
+            st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4), min_size=n, max_size=n)
+        )
+        log_probs = [[-0.25] * len(r) for r in responses]
+        self.step += 1
+        outcome = self.pool.update(qid, rewards, responses, log_probs, step=self.step)
+        k = sum(rewards)
+        if qid in self.retired:
+            assert outcome == "ignored"
+            return
+        if k == n:
+            assert outcome == "retired"
+            self.retired.add(qid)
+            self.model.pop(qid, None)
+            self.recency = [q for q in self.recency if q != qid]
+            return
+        if k == 0:
+            assert outcome == "unsolved"
+            if qid in self.model:
+                self.recency = [q for q in self.recency if q != qid] + [qid]
+            return
+        assert outcome == "stored"
+        stored = self.model.setdefault(qid, [])
+        for reward, resp in zip(rewards, responses, strict=True):
+            if reward == 1 and tuple(resp) not in stored:
+                stored.append(tuple(resp))
+        del stored[: max(0, len(stored) - self.config.per_question_cap)]
+        self.recency = [q for q in self.recency if q != qid] + [qid]
+        cap = self.config.max_stored_tokens
+        while cap is not None and self.recency and sum(len(t) for q in self.model for t in self.model[q]) > cap:
+            self.model.pop(self.recency.pop(0))
+
+    @rule(n=st.integers(0, 15), data=st.data())
+    def sample(self, n, data):
+        exclude = set(data.draw(st.lists(st.sampled_from(QIDS), max_size=6)))
+        drawn = self.pool.sample(n, exclude=exclude)
+        eligible = set(self.model) - exclude
+        assert len(drawn) == min(n, len(eligible))
+        assert len(set(drawn)) == len(drawn) and set(drawn) <= eligible
+
+    @precondition(lambda self: len(self.pool) > 0)
+    @rule()
+    def round_trip(self):
+        clone = ExperiencePool(self.config)
+        clone.load_state_dict(self.pool.state_dict())
+        assert clone.stats() == self.pool.stats()
+        assert [clone.sample(3) for _ in range(3)] == [self.pool.sample(3) for _ in range(3)]
+        self.pool = clone  # continue from the restored pool: later rules check it behaves identically
+
+    @invariant()
+    def matches_reference(self):
+        pool = self.pool
+        assert set(pool._questions) == set(self.model)
+        assert list(pool._questions) == self.recency
+        for qid, expected in self.model.items():
+            got = [tuple(t.token_ids.tolist()) for t in pool.candidates(qid)]
+            assert got == expected and len(set(got)) == len(got)
+            assert 1 <= len(got) <= self.config.per_question_cap
+        for qid in self.retired:
+            assert pool.is_retired(qid) and qid not in pool
+
+    @invariant()
+    def every_held_question_in_exactly_one_bucket_and_totals_agree(self):
+        pool = self.pool
+        members = [q for b in pool._buckets.values() for q in b.members]
+        assert Counter(members) == Counter(list(pool._questions))
+        for key, bucket in pool._buckets.items():
+            assert len(bucket) > 0
+            for i, q in enumerate(bucket.members):
+                assert bucket.position[q] == i and pool.bucket_of(q) == key
+        stats = pool.stats()
+        assert stats["pool/trajectories"] == sum(len(v) for v in self.model.values())
+        assert stats["pool/tokens"] == sum(len(t) for v in self.model.values() for t in v)
+        if self.config.max_stored_tokens is not None:
+            assert stats["pool/tokens"] <= self.config.max_stored_tokens
+
+
+PoolMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestPoolProperties = PoolMachine.TestCase
