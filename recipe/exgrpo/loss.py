@@ -1,0 +1,121 @@
+"""The actor loss verl's engine calls per micro-batch, with ExGRPO's replay branch (SPEC §1.3).
+
+verl's registered policy losses only ever see seven fixed arguments (``workers/utils/losses.py``), so they
+cannot tell a replayed row from a fresh one. The engine's loss *function*, however, receives the whole
+micro-batch with every TransferQueue field; this function replaces ``ppo_loss`` there. It follows
+``ppo_loss`` line for line (global-batch normalisation, entropy bonus, KL loss, metric aggregation) and only
+swaps the policy-gradient term for :func:`exgrpo.objective.exgrpo_policy_loss`, which equals verl's vanilla
+loss when no row is replayed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+from verl.utils.metric import AggregationType, Metric
+from verl.workers.config import ActorConfig
+from verl.workers.utils.padding import no_padding_2_padding
+
+from exgrpo.objective import exgrpo_policy_loss
+from recipe.exgrpo.records import IS_REPLAY_FIELD, PAST_LOG_PROBS_FIELD
+
+
+def exgrpo_actor_loss(
+    config: ActorConfig,
+    model_output: dict[str, Any],
+    data: TensorDict,
+    dp_group: Any = None,
+    *,
+    beta: float,
+    shaping: bool = True,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """ppo_loss with the ExGRPO policy term; rows flagged ``exgrpo_is_replay`` use -A * f(w) against pi_past."""
+    if config.policy_loss.get("loss_mode", "vanilla") != "vanilla":
+        raise ValueError(
+            f"actor.policy_loss.loss_mode={config.policy_loss.get('loss_mode')!r}: ExGRPO's loss extends verl's "
+            "'vanilla' clipped surrogate; other policy losses are not combined with replay"
+        )
+    if IS_REPLAY_FIELD not in data.keys() or PAST_LOG_PROBS_FIELD not in data.keys():
+        raise KeyError(
+            f"micro-batch lacks {IS_REPLAY_FIELD!r}/{PAST_LOG_PROBS_FIELD!r}: the ExGRPO trainer writes them for "
+            "every key after balancing; a batch without them did not come from the ExGRPO trainer"
+        )
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)
+    entropy = model_output.get("entropy", None)
+    if entropy is not None:
+        entropy = no_padding_2_padding(entropy, data)
+
+    config.global_batch_info["dp_size"] = data["dp_size"]
+    config.global_batch_info["batch_num_tokens"] = data["batch_num_tokens"]
+    config.global_batch_info["global_batch_size"] = data["global_batch_size"]
+    config.global_batch_info["loss_scale_factor"] = config.loss_scale_factor
+    if (
+        data["dp_size"] > 1
+        or data["batch_num_tokens"] is not None
+        or data["global_batch_size"] is not None
+        or config.loss_scale_factor is not None
+    ):
+        metric_aggregation = AggregationType.SUM
+    else:
+        metric_aggregation = AggregationType.MEAN
+
+    fields = ["response_mask", "old_log_probs", "advantages", PAST_LOG_PROBS_FIELD]
+    if "rollout_is_weights" in data.keys():
+        raise ValueError(
+            "rollout_is_weights present: rollout correction must stay off under ExGRPO "
+            "(algorithm.rollout_correction.rollout_is/rollout_rs = null)"
+        )
+    if "ref_log_prob" in data.keys():
+        fields.append("ref_log_prob")
+    is_replay = data[IS_REPLAY_FIELD].reshape(-1).to(torch.bool)
+    padded = data.select(*fields).to_padded_tensor()
+    response_mask = padded["response_mask"].to(bool)
+    width = response_mask.shape[-1]
+    past = padded[PAST_LOG_PROBS_FIELD][:, :width]
+
+    clip_ratio_c = config.get("clip_ratio_c", 3.0)
+    info = config.global_batch_info
+    pg_loss, raw_metrics = exgrpo_policy_loss(
+        log_prob=log_prob,
+        old_log_prob=padded["old_log_probs"],
+        past_log_prob=past.to(log_prob.dtype),
+        advantages=padded["advantages"],
+        response_mask=response_mask,
+        is_replay=is_replay.to(log_prob.device),
+        clip_ratio=config.clip_ratio,
+        clip_ratio_low=config.clip_ratio_low,
+        clip_ratio_high=config.clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+        beta=beta,
+        shaping=shaping,
+        loss_agg_mode=config.loss_agg_mode,
+        loss_scale_factor=info.get("loss_scale_factor"),
+        dp_size=info.get("dp_size", 1),
+        batch_num_tokens=info.get("batch_num_tokens"),
+        global_batch_size=info.get("global_batch_size"),
+    )
+    # Same metric names as ppo_loss (the core mirrors verl's), plus the exgrpo/* replay statistics.
+    metrics: dict[str, Any] = dict(Metric.from_dict(raw_metrics, aggregation=AggregationType.MEAN))
+    metrics["actor/pg_loss"] = Metric(value=pg_loss, aggregation=metric_aggregation)
+    policy_loss = pg_loss
+
+    if entropy is not None:
+        entropy_loss = agg_loss(
+            loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=config.loss_agg_mode, **config.global_batch_info
+        )
+        policy_loss = policy_loss - config.entropy_coeff * entropy_loss
+        metrics["actor/entropy_loss"] = Metric(value=entropy_loss, aggregation=metric_aggregation)
+
+    if config.use_kl_loss:
+        kld = kl_penalty(logprob=log_prob, ref_logprob=padded["ref_log_prob"], kl_penalty=config.kl_loss_type)
+        kl_loss = agg_loss(
+            loss_mat=kld, loss_mask=response_mask, loss_agg_mode=config.loss_agg_mode, **config.global_batch_info
+        )
+        policy_loss = policy_loss + kl_loss * config.kl_loss_coef
+        metrics["kl_loss"] = Metric(value=kl_loss, aggregation=metric_aggregation)
+        metrics["kl_coef"] = config.kl_loss_coef
+
+    return policy_loss, metrics

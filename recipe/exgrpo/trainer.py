@@ -1,0 +1,543 @@
+"""ExGRPO on verl 0.9.1's V1 synchronous trainer.
+
+One step, in order (the parent's ``_step_once`` with four insertions, marked ExGRPO):
+  1. prepare_step [ExGRPO]: B distinct questions: n_replay from the pool (K - 1 sessions each via
+     ``__rollout_n__``), the rest fresh from the dataloader (K sessions), never a retired one.
+  2. replay_buffer.sample: wait for the B groups; the rollout engine goes to sleep.
+  3. insert [ExGRPO]: score every stored trajectory of each replayed question by mean token entropy under the
+     current actor (one batched forward), recompute the chosen one's reward, and write it into
+     TransferQueue as session K - 1 of its group, built from a live record of that group.
+  4. balance, then [ExGRPO] write ``exgrpo_is_replay`` / ``exgrpo_past_log_probs`` for every key.
+  5. old log-probs, ref, GRPO advantage (over the mixed groups), actor update with the ExGRPO loss.
+  6. collect [ExGRPO]: from the *fresh* rollouts only: the delayed-start latch, then per question
+     store / retire / re-bucket in the pool. This runs before ``fit`` clears the step's TransferQueue data.
+With ``exgrpo.enable=false`` every override defers to the parent: stock verl GRPO.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+import transfer_queue as tq
+from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
+from verl.protocol import DataProto
+from verl.trainer.ppo.utils import Role
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils import tensordict_utils as tu
+from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+from verl.utils.dataset.rl_dataset import collate_fn
+from verl.utils.debug import marked_timer
+from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+from exgrpo.pool import ExperiencePool
+from exgrpo.selection import select_lowest_entropy
+from recipe.exgrpo.composition import FreshRow, FreshSource, StepPlan, plan_step, question_id
+from recipe.exgrpo.records import (
+    CANDIDATE_PARTITION,
+    MEAN_ENTROPY_FIELD,
+    ReplayedMember,
+    exgrpo_fields,
+    final_outputs,
+    replay_record,
+    scalar_reward,
+)
+from recipe.exgrpo.settings import POOL_FILE_NAME, check_verl_settings, load_settings
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
+
+# Fields of a live record that describe the question (not the trajectory); the reward function reads them.
+_REWARD_INPUT_FIELDS = ("data_source", "reward_model", "extra_info", "raw_prompt", "uid", "index", "ability")
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """What the trainer knows about a submitted prompt group (keyed by verl's per-step uid)."""
+
+    qid: str
+    is_replay: bool
+
+
+class ExGRPOTrainer(PPOTrainerSync):
+    """PPOTrainerSync with ExGRPO's experience pool, replay insertion and pool checkpointing."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.exgrpo_config, self.exgrpo_settings = load_settings(config)
+        check_verl_settings(config, self.exgrpo_config)
+        self.exgrpo_enabled = self.exgrpo_config.enable
+        self.pool: ExperiencePool | None = (
+            ExperiencePool(self.exgrpo_config, seed=self.exgrpo_settings.seed) if self.exgrpo_enabled else None
+        )
+        self._groups: dict[str, GroupInfo] = {}
+        self._step_replayed: dict[str, ReplayedMember] = {}
+        self._fresh_source: FreshSource | None = None
+        self._qid_to_index: dict[str, int] | None = None
+
+    # ------------------------------------------------------------------ workers
+    def _init_resource_pool_mgr(self):
+        """The parent's mapping, with the actor role served by the ExGRPO worker class."""
+        super()._init_resource_pool_mgr()
+        from recipe.exgrpo.worker import ExGRPOActorRolloutRefWorker
+
+        for role in (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor):
+            if role in self.role_worker_mapping:
+                self.role_worker_mapping[role] = ray.remote(ExGRPOActorRolloutRefWorker)
+
+    # ------------------------------------------------------------------ prompts
+    def _next_dataset_row(self) -> dict[str, Any]:
+        """One dataloader row as a plain dict (gen_batch_size is 1), restarting the epoch like the parent."""
+        try:
+            if self.train_dataloader_it is None:
+                self.train_dataloader_it = iter(self.train_dataloader)
+            batch_dict = next(self.train_dataloader_it)
+        except StopIteration:
+            self.train_dataloader_it = iter(self.train_dataloader)
+            batch_dict = next(self.train_dataloader_it)
+        sizes = {len(v) for v in batch_dict.values()}
+        if sizes != {1}:
+            raise ValueError(f"ExGRPO needs data.gen_batch_size=1, the dataloader gave rows of sizes {sorted(sizes)}")
+        return {key: value[0] for key, value in batch_dict.items()}
+
+    @property
+    def fresh_source(self) -> FreshSource:
+        if self._fresh_source is None:
+            self._fresh_source = FreshSource(self._next_dataset_row, len(self.train_dataset))
+        return self._fresh_source
+
+    def question_index(self) -> dict[str, int]:
+        """qid -> dataset row, built once by scanning the training set (replay rebuilds prompts from it)."""
+        if self._qid_to_index is None:
+            index: dict[str, int] = {}
+            duplicates = 0
+            extra_infos = None
+            frame = getattr(self.train_dataset, "dataframe", None)
+            if frame is not None and "extra_info" in getattr(frame, "column_names", ()):
+                extra_infos = frame["extra_info"]
+            for i in range(len(self.train_dataset)):
+                info = extra_infos[i] if extra_infos is not None else None
+                if isinstance(info, dict) and info.get("qid") not in (None, ""):
+                    qid = str(info["qid"])
+                else:
+                    qid = question_id(self.train_dataset[i])
+                if qid in index:
+                    duplicates += 1
+                else:
+                    index[qid] = i
+            if duplicates:
+                logger.warning(f"ExGRPO: {duplicates} training rows repeat an earlier question id; the first is used")
+            self._qid_to_index = index
+        return self._qid_to_index
+
+    def _submit_rows(self, rows: list[dict[str, Any]], infos: list[GroupInfo], rollout_ns: list[int]) -> int:
+        batch_dict = collate_fn(rows)
+        uids = [str(uuid.uuid4()) for _ in rows]
+        batch_dict["uid"] = np.array(uids, dtype=object)
+        counts = np.empty(len(rows), dtype=object)
+        counts[:] = [int(n) for n in rollout_ns]
+        batch_dict["__rollout_n__"] = counts
+        batch = tu.get_tensordict(batch_dict)
+        tu.assign_non_tensor_data(batch, "global_steps", self.global_steps)
+        for uid, info in zip(uids, infos, strict=True):
+            self._groups[uid] = info
+        return self._submit_batch_to_rollout(batch)
+
+    def prepare_step(self) -> dict:
+        if not self.exgrpo_enabled:
+            return super().prepare_step()
+        self._groups = {}
+        self._step_replayed = {}
+        batch_size = self.config.data.train_batch_size
+        n_rollouts = self.config.actor_rollout_ref.rollout.n
+        index = self.question_index() if self.pool.active and len(self.pool) else {}
+        plan: StepPlan = plan_step(
+            batch_size, self.exgrpo_config, self.pool, self.fresh_source, replayable=lambda qid: qid in index
+        )
+        rows = [item.row for item in plan.fresh] + [self.train_dataset[index[q]] for q in plan.replay_qids]
+        infos = [GroupInfo(item.qid, False) for item in plan.fresh] + [GroupInfo(q, True) for q in plan.replay_qids]
+        ns = [n_rollouts] * len(plan.fresh) + [n_rollouts - 1] * len(plan.replay_qids)
+        self._submit_rows(rows, infos, ns)
+        return {
+            "exgrpo/replay_questions": float(len(plan.replay_qids)),
+            "exgrpo/replay_wanted": float(plan.replay_wanted),
+            "exgrpo/fresh_questions": float(len(plan.fresh)),
+            "exgrpo/skipped_retired": float(plan.skipped_retired),
+            "exgrpo/deferred_fresh": float(plan.deferred),
+        }
+
+    def _add_prompts_to_generate(self, num_prompts: int) -> int:
+        """Refills (verl's sampler replacing failed groups) are fresh questions, never retired or duplicated."""
+        if not self.exgrpo_enabled:
+            return super()._add_prompts_to_generate(num_prompts)
+        taken = {info.qid for info in self._groups.values()}
+        fresh: list[FreshRow] = self.fresh_source.draw(num_prompts, self.pool, taken, StepPlan())
+        n_rollouts = self.config.actor_rollout_ref.rollout.n
+        return self._submit_rows(
+            [f.row for f in fresh], [GroupInfo(f.qid, False) for f in fresh], [n_rollouts] * len(fresh)
+        )
+
+    # ------------------------------------------------------------------ one update
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
+        if not self.exgrpo_enabled:
+            return super()._step_once(metrics, timing_raw, sample_batch_size)
+        with marked_timer("gen", timing_raw, color="red"):
+            self.on_sample_begin()
+            batch, off_policy_metrics = self.replay_buffer.sample(
+                global_steps=self.global_steps, partition_id="train", batch_size=sample_batch_size
+            )
+            metrics.update(off_policy_metrics)
+            batch.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+            self.on_sample_end()
+
+        with marked_timer("exgrpo_replay", timing_raw, color="purple"):
+            batch = self.insert_replayed(batch, metrics)
+
+        if self.reward_loop_manager.reward_loop_worker_handles is None:
+            with marked_timer("reward", timing_raw, color="yellow"):
+                batch = self._compute_reward_colocate(batch, metrics=metrics)
+
+        batch = self._balance_batch(batch, metrics=metrics)
+        self.write_exgrpo_fields(batch)
+
+        with marked_timer("old_log_prob", timing_raw, color="blue"):
+            batch = self._compute_old_log_prob(batch, metrics=metrics)
+        if self.use_reference_policy:
+            with marked_timer("ref", timing_raw, color="olive"):
+                batch = self._compute_ref_log_prob(batch, metrics=metrics)
+        if self.use_critic:
+            with marked_timer("values", timing_raw, color="cyan"):
+                batch = self._compute_values(batch, metrics=metrics)
+        with marked_timer("adv", timing_raw, color="brown"):
+            batch = self._compute_advantage(batch, metrics=metrics)
+        if self.use_critic:
+            with marked_timer("update_critic", timing_raw, color="pink"):
+                batch = self._update_critic(batch, metrics=metrics)
+        if self.config.trainer.critic_warmup <= self.global_steps:
+            with marked_timer("update_actor", timing_raw, color="red"):
+                batch = self._update_actor(batch, metrics=metrics)
+
+        with marked_timer("exgrpo_collect", timing_raw, color="purple"):
+            self.collect_experience(batch, metrics)
+        return batch
+
+    # ------------------------------------------------------------------ replay insertion
+    def insert_replayed(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """Complete every replayed group with its selected stored trajectory (session K - 1)."""
+        self._step_replayed = {}
+        n_rollouts = self.config.actor_rollout_ref.rollout.n
+        groups = final_outputs(batch.keys)
+        tag_of = dict(zip(batch.keys, batch.tags, strict=True))
+        replay_uids = [uid for uid in groups if uid in self._groups and self._groups[uid].is_replay]
+        missing_groups = sum(
+            1 for uid, info in self._groups.items() if info.is_replay and uid not in groups
+        )
+        if not replay_uids:
+            metrics.update({"exgrpo/inserted": 0.0, "exgrpo/replay_groups_without_rollouts": float(missing_groups)})
+            return batch
+        template_keys = []
+        for uid in replay_uids:
+            sessions = groups[uid]
+            if n_rollouts - 1 in sessions:
+                raise RuntimeError(
+                    f"replay group {uid} already has a session {n_rollouts - 1}: it was submitted with "
+                    f"__rollout_n__={n_rollouts} instead of {n_rollouts - 1}"
+                )
+            template_keys.append(sessions[min(sessions)])
+        data = tq.kv_batch_get(keys=template_keys, partition_id=batch.partition_id)
+        templates = [{name: data[i][name] for name in data.keys()} for i in range(len(template_keys))]
+
+        members = self._select_members(replay_uids, templates)
+        rewards = self._recompute_rewards(templates, members)
+        new_keys, records, new_tags = [], [], []
+        for template, template_key, member, reward in zip(templates, template_keys, members, rewards, strict=True):
+            member.key = f"{member.uid}_{n_rollouts - 1}_0"
+            score, extra = reward if reward is not None else (None, None)
+            record, tag = replay_record(template, tag_of[template_key], member, n_rollouts - 1, score, extra)
+            new_keys.append(member.key)
+            records.append(record)
+            new_tags.append(tag)
+            self._step_replayed[member.key] = member
+        tq.kv_batch_put(
+            keys=new_keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(records), tags=new_tags
+        )
+        scored = [m.entropy for m in members if m.entropy is not None]
+        metrics.update(
+            {
+                "exgrpo/inserted": float(len(new_keys)),
+                "exgrpo/replay_groups_without_rollouts": float(missing_groups),
+                "exgrpo/candidates_per_replay": float(np.mean([m.n_candidates for m in members])),
+                "exgrpo/replayed_age_steps": float(np.mean([self.global_steps - m.step for m in members])),
+            }
+        )
+        if scored:
+            metrics["exgrpo/selected_entropy_mean"] = float(np.mean(scored))
+        return KVBatchMeta(
+            partition_id=batch.partition_id,
+            keys=list(batch.keys) + new_keys,
+            tags=list(batch.tags) + new_tags,
+            fields=batch.fields,
+            extra_info=batch.extra_info,
+        )
+
+    def _select_members(self, replay_uids: list[str], templates: list[dict[str, Any]]) -> list[ReplayedMember]:
+        """Pick each replayed question's trajectory: lowest mean entropy (batched scoring) or random."""
+        chosen: list[ReplayedMember | None] = [None] * len(replay_uids)
+        to_score: list[tuple[int, list]] = []
+        for i, uid in enumerate(replay_uids):
+            qid = self._groups[uid].qid
+            candidates = self.pool.candidates(qid)
+            if self.exgrpo_config.select == "random":
+                pick = self.pool.choose_random(len(candidates))
+            elif len(candidates) == 1:
+                pick = 0
+            else:
+                to_score.append((i, candidates))
+                continue
+            item = candidates[pick]
+            chosen[i] = ReplayedMember(uid, qid, "", item.token_ids, item.log_probs, item.step,
+                                       n_candidates=len(candidates))
+        if to_score:
+            pairs = [(templates[i]["prompts"], c.token_ids) for i, cands in to_score for c in cands]
+            scores = self.score_candidates(pairs)
+            offset = 0
+            for i, candidates in to_score:
+                own = scores[offset : offset + len(candidates)]
+                offset += len(candidates)
+                pick = select_lowest_entropy(own)
+                item = candidates[pick]
+                chosen[i] = ReplayedMember(
+                    replay_uids[i], self._groups[replay_uids[i]].qid, "", item.token_ids, item.log_probs, item.step,
+                    entropy=float(own[pick]), n_candidates=len(candidates),
+                )
+        return [m for m in chosen if m is not None]
+
+    def _actor_dp_size(self) -> int:
+        worker_group = self.actor_rollout_wg
+        if "actor" not in worker_group._dispatch_info:
+            worker_group._dispatch_info["actor"] = worker_group._query_dispatch_info("actor")
+        return max(worker_group._dispatch_info["actor"]) + 1
+
+    def score_candidates(self, pairs: list[tuple[torch.Tensor, np.ndarray]]) -> list[float]:
+        """Mean response-token entropy of each (prompt ids, response ids) under the current actor.
+
+        The candidates go to a scratch TransferQueue partition, padded with empty-mask rows to a multiple of
+        the actor's data-parallel size and ordered so every rank gets a similar token load; the worker's
+        ``score_candidates`` returns one float per row. The scratch rows are cleared afterwards.
+        """
+        records = []
+        for prompt_ids, response_ids in pairs:
+            prompts = torch.as_tensor(prompt_ids, dtype=torch.int64).reshape(-1)
+            responses = torch.as_tensor(np.asarray(response_ids), dtype=torch.int64).reshape(-1)
+            records.append(_scoring_record(prompts, responses, torch.ones_like(responses)))
+        dp_size = self._actor_dp_size()
+        eos = int(self.tokenizer.eos_token_id)
+        while len(records) % dp_size:
+            records.append(_scoring_record(torch.tensor([eos]), torch.tensor([eos]), torch.zeros(1, dtype=torch.int64)))
+        seq_lens = [int(r["input_ids"].numel()) for r in records]
+        partitions = get_seqlen_balanced_partitions(
+            calculate_workload(torch.tensor(seq_lens)), k_partitions=dp_size, equal_size=True
+        )
+        order = [j for part in partitions for j in part]
+        keys = [f"cand_{self.global_steps}_{j}" for j in order]
+        tags = [{"seq_len": seq_lens[j]} for j in order]
+        tq.kv_batch_put(
+            keys=keys,
+            partition_id=CANDIDATE_PARTITION,
+            fields=list_of_dict_to_tensordict([records[j] for j in order]),
+            tags=tags,
+        )
+        budget = self.exgrpo_settings.score_max_token_len_per_gpu or (
+            self.config.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu
+        )
+        meta = KVBatchMeta(
+            partition_id=CANDIDATE_PARTITION,
+            keys=keys,
+            tags=tags,
+            extra_info={
+                "calculate_entropy": True,
+                "compute_loss": False,
+                "temperature": self.config.actor_rollout_ref.rollout.temperature,
+                "use_dynamic_bsz": True,
+                "max_token_len_per_gpu": max(int(budget), max(seq_lens)),
+            },
+        )
+        try:
+            self.actor_rollout_wg.score_candidates(meta)
+            out = tq.kv_batch_get(keys=keys, partition_id=CANDIDATE_PARTITION, select_fields=[MEAN_ENTROPY_FIELD])
+        finally:
+            tq.kv_clear(keys=keys, partition_id=CANDIDATE_PARTITION)
+        by_row = dict(zip(order, out[MEAN_ENTROPY_FIELD].reshape(-1).tolist(), strict=True))
+        return [float(by_row[j]) for j in range(len(pairs))]
+
+    def _recompute_rewards(
+        self, templates: list[dict[str, Any]], members: list[ReplayedMember]
+    ) -> list[tuple[float, dict] | None]:
+        """The verifier's score of each stored response, through verl's own reward workers.
+
+        With a colocated reward model (no reward workers) the step's reward pass scores every key later,
+        the inserted ones included, so nothing is computed here.
+        """
+        handles = self.reward_loop_manager.reward_loop_worker_handles
+        if not handles:
+            return [None] * len(members)
+        futures = []
+        for i, (template, member) in enumerate(zip(templates, members, strict=True)):
+            prompts = torch.as_tensor(template["prompts"], dtype=torch.int64).reshape(1, -1)
+            responses = torch.as_tensor(np.asarray(member.token_ids), dtype=torch.int64).reshape(1, -1)
+            input_ids = torch.cat([prompts, responses], dim=1)
+            tensors = TensorDict(
+                {
+                    "prompts": prompts,
+                    "responses": responses,
+                    "input_ids": input_ids,
+                    "attention_mask": torch.ones_like(input_ids),
+                    "position_ids": torch.arange(input_ids.shape[1]).reshape(1, -1),
+                },
+                batch_size=1,
+            )
+            non_tensor = {}
+            for name in _REWARD_INPUT_FIELDS:
+                if name in template:
+                    non_tensor[name] = _object_array(template[name])
+            non_tensor["__num_turns__"] = _object_array(2)
+            non_tensor["tool_extra_fields"] = _object_array({})
+            non_tensor["prompt_len"] = _object_array(prompts.shape[1])
+            non_tensor["response_len"] = _object_array(responses.shape[1])
+            futures.append(handles[i % len(handles)].compute_score.remote(DataProto(tensors, non_tensor)))
+        results = ray.get(futures)
+        return [(float(r["reward_score"]), dict(r.get("reward_extra_info") or {})) for r in results]
+
+    def write_exgrpo_fields(self, batch: KVBatchMeta) -> None:
+        """``exgrpo_is_replay`` and ``exgrpo_past_log_probs`` for every key (after balancing, padding included)."""
+        replayed = {key: member.log_probs for key, member in self._step_replayed.items()}
+        fields = exgrpo_fields(batch.keys, batch.tags, replayed)
+        tq.kv_batch_put(
+            keys=list(batch.keys), partition_id=batch.partition_id, fields=TensorDict(fields, batch_size=len(batch))
+        )
+
+    # ------------------------------------------------------------------ collection
+    def collect_experience(self, batch: KVBatchMeta, metrics: dict) -> None:
+        """Update the latch and the pool from this step's fresh rollouts (never the replayed member)."""
+        cfg = self.exgrpo_config
+        fresh_keys = [
+            key
+            for key, tag in zip(batch.keys, batch.tags, strict=True)
+            if not tag.get("is_padding", False) and key not in self._step_replayed
+        ]
+        groups = {uid: sessions for uid, sessions in final_outputs(fresh_keys).items() if uid in self._groups}
+        keys = [key for uid in groups for _, key in sorted(groups[uid].items())]
+        if not keys:
+            return
+        data = tq.kv_batch_get(
+            keys=keys, partition_id=batch.partition_id, select_fields=["rm_scores", "responses", "old_log_probs"]
+        )
+        rewards = [scalar_reward(t) for t in data["rm_scores"].unbind()]
+        responses = [t.numpy() for t in data["responses"].unbind()]
+        log_probs = [t.float().numpy() for t in data["old_log_probs"].unbind()]
+        position = {key: i for i, key in enumerate(keys)}
+
+        def success(reward: float) -> float:
+            if cfg.reward_type == "binary":
+                return float(reward == cfg.reward_max)
+            return (reward - cfg.reward_min) / (cfg.reward_max - cfg.reward_min)
+
+        per_group = {uid: [position[k] for _, k in sorted(s.items())] for uid, s in groups.items()}
+        fresh_acc = float(np.mean([success(r) for r in rewards]))
+        by_kind = {True: [], False: []}
+        for uid, rows in per_group.items():
+            by_kind[self._groups[uid].is_replay].extend(success(rewards[i]) for i in rows)
+        active = self.pool.observe_step_accuracy(fresh_acc)
+        outcomes: Counter[str] = Counter()
+        if active:
+            for uid, rows in per_group.items():
+                outcome = self.pool.update(
+                    self._groups[uid].qid,
+                    [rewards[i] for i in rows],
+                    [responses[i] for i in rows],
+                    [log_probs[i] for i in rows],
+                    step=self.global_steps,
+                )
+                outcomes[outcome] += 1
+        metrics["exgrpo/fresh_acc"] = fresh_acc
+        if by_kind[False]:
+            metrics["exgrpo/fresh_acc_fresh_groups"] = float(np.mean(by_kind[False]))
+        if by_kind[True]:
+            metrics["exgrpo/fresh_acc_replay_groups"] = float(np.mean(by_kind[True]))
+        metrics["exgrpo/latch"] = float(active)
+        for outcome in ("stored", "retired", "unsolved", "ignored"):
+            metrics[f"exgrpo/outcome_{outcome}"] = float(outcomes[outcome])
+        metrics.update({f"exgrpo/{name}": float(value) for name, value in self.pool.stats().items()})
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self):
+        """Pool first, then the parent (which writes the tracker file last): the tracker never names a step
+        whose pool file is missing."""
+        if self.exgrpo_enabled:
+            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            self.pool.save(os.path.join(folder, POOL_FILE_NAME))
+        super()._save_checkpoint()
+
+    def _resume_folder(self) -> str | None:
+        """The global_step_N folder the parent just resumed from (same resolution as its _load_checkpoint)."""
+        trainer = self.config.trainer
+        if trainer.resume_mode == "auto":
+            folder = trainer.default_local_dir
+            if not os.path.isabs(folder):
+                folder = os.path.join(os.getcwd(), folder)
+            return find_latest_ckpt_path(folder)
+        if trainer.resume_mode == "resume_path":
+            folder = trainer.resume_from_path
+            return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
+        return None
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        if self.exgrpo_enabled and self.global_steps > 0:
+            self.load_pool(self._resume_folder())
+
+    def load_pool(self, folder: str | None) -> None:
+        """Restore the pool of a resumed step; a missing or corrupt file stops the run unless opted out."""
+        path = os.path.join(folder, POOL_FILE_NAME) if folder else None
+        try:
+            if path is None:
+                raise FileNotFoundError("the resumed checkpoint folder could not be determined")
+            self.pool = ExperiencePool.load(path, config=self.exgrpo_config)
+            logger.info(f"ExGRPO: restored pool from {path}: {self.pool.stats()}")
+        except (FileNotFoundError, ValueError) as err:
+            if not self.exgrpo_settings.allow_empty_pool_on_resume:
+                raise RuntimeError(
+                    f"ExGRPO cannot resume step {self.global_steps}: {err}. The experience pool is part of the "
+                    "training state; set exgrpo.allow_empty_pool_on_resume=true to continue with an empty pool "
+                    "(and the delayed-start latch off) instead"
+                ) from err
+            logger.warning(f"ExGRPO: {err}; continuing with an empty pool (exgrpo.allow_empty_pool_on_resume=true)")
+            self.pool = ExperiencePool(self.exgrpo_config, seed=self.exgrpo_settings.seed)
+
+
+def _scoring_record(prompts: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor) -> dict:
+    """The fields verl's engine reads for a forward pass over one unpadded sequence."""
+    input_ids = torch.cat([prompts, responses])
+    return {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": input_ids,
+        "position_ids": torch.arange(input_ids.numel(), dtype=torch.int64),
+        "response_mask": response_mask,
+        "loss_mask": response_mask.clone(),
+    }
+
+
+def _object_array(value: Any) -> np.ndarray:
+    out = np.empty(1, dtype=object)
+    out[0] = value
+    return out
