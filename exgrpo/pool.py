@@ -30,6 +30,7 @@ from exgrpo.sampling import allocate_counts, bucket_probabilities, draw_without_
 STATE_VERSION = 1
 _INT32 = np.dtype("<i4")
 _FLOAT32 = np.dtype("<f4")
+_INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ class ExperiencePool:
             )
         if ids.size == 0:
             raise ValueError(f"question {qid!r}, rollout {row}: empty response cannot be stored")
-        if not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() > np.iinfo(_INT32).max:
+        if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() > _INT32_MAX:
             raise ValueError(f"question {qid!r}, rollout {row}: token ids must be integers in int32 range")
         if not np.all(np.isfinite(lp)):
             raise ValueError(f"question {qid!r}, rollout {row}: non-finite behaviour log-prob")
