@@ -1,0 +1,153 @@
+"""Fixtures for the verl recipe's CPU tests: one local Ray + TransferQueue, one tiny FSDP2 actor worker.
+
+Both are session-scoped because they are the slow part (Ray + TransferQueue start in ~15-40 s on two
+cores, the worker in ~10 s); every test that needs them shares them. Nothing here imports verl at module
+level, so without verl the whole folder skips instead of failing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+CONFIG_DIR = REPO / "recipe" / "exgrpo" / "config"
+for path in (str(REPO), str(HERE)):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+if importlib.util.find_spec("verl") is None:  # pragma: no cover - depends on the environment
+    collect_ignore_glob = ["test_*.py"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from tiny_assets import build_tiny_model_dir
+
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
+
+
+# Settings that let verl's FSDP2 engine run a tiny fp32 model on one CPU process.
+CPU_ENGINE_OVERRIDES = [
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    "actor_rollout_ref.ref.strategy=fsdp2",
+    "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+    "actor_rollout_ref.actor.use_torch_compile=false",
+    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    "actor_rollout_ref.model.use_remove_padding=false",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+]
+
+
+def compose_config(overrides: list[str]):
+    """The recipe yaml composed by hydra with ``overrides`` (no Ray, no GPU)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="exgrpo_trainer", overrides=overrides)
+
+
+@pytest.fixture(scope="session")
+def tq_cluster():
+    """A local Ray (2 CPUs, no dashboard) with TransferQueue on one storage unit; shut down at session end."""
+    ray = pytest.importorskip("ray")
+    tq = pytest.importorskip("transfer_queue")
+    from omegaconf import OmegaConf
+
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    conf = OmegaConf.create(
+        {
+            "enable": True,
+            "metrics": {"enabled": False, "port": 0},
+            "backend": {
+                "storage_backend": "SimpleStorage",
+                "SimpleStorage": {"total_storage_size": 4096, "num_data_storage_units": 1},
+            },
+        }
+    )
+    tq.init(conf)
+    try:
+        yield tq
+    finally:
+        tq.close()
+        if started_ray:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def cpu_engine_env():
+    """verl's CPU test platform + a one-process gloo group, for the whole session; restored afterwards."""
+    import torch
+    import torch.distributed as dist
+    from cpu_platform import CPUTestPlatform
+    from verl.plugin.platform import platform_manager
+
+    saved_env = {k: os.environ.get(k) for k in ("VERL_ENGINE_DEVICE", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                               "MASTER_ADDR", "MASTER_PORT")}
+    os.environ.update(VERL_ENGINE_DEVICE="cuda", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    previous_platform = platform_manager._current_platform
+    platform_manager.set_platform(CPUTestPlatform())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    # verl would ask for "cpu:gloo,cpu:gloo" (a duplicate) on this platform; a plain gloo group comes first.
+    created_group = not dist.is_initialized()
+    if created_group:
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if created_group and dist.is_initialized():
+            dist.destroy_process_group()
+        torch.set_num_threads(threads)
+        platform_manager._current_platform = previous_platform
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def build_actor_worker(config, enable_exgrpo: bool = True):
+    """An in-process ExGRPO actor worker (role 'actor': no rollout engine) over the tiny model."""
+    from omegaconf import OmegaConf, open_dict
+
+    from recipe.exgrpo.worker import ExGRPOActorRolloutRefWorker
+
+    config = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
+    with open_dict(config):
+        config.actor_rollout_ref.exgrpo.enable = enable_exgrpo
+    worker = ExGRPOActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
+    worker.init_model()
+    return worker
+
+
+def engine_config(tiny_model_dir, extra: list[str] = ()):
+    return compose_config(
+        [f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.n=4",
+         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.optim.lr=1e-3",
+         "data.train_batch_size=4", *CPU_ENGINE_OVERRIDES, *extra]
+    )
+
+
+@pytest.fixture(scope="session")
+def actor_worker(cpu_engine_env, tiny_model_dir):
+    """The ExGRPO worker (ExGRPO loss installed) over the tiny Qwen2, shared by the engine and step tests."""
+    return build_actor_worker(engine_config(tiny_model_dir))

@@ -1,0 +1,160 @@
+"""Prompt composition of a step: counts, __rollout_n__, exclusions, retired questions, deferral, question ids."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("verl")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from exgrpo.config import ExGRPOConfig  # noqa: E402
+from exgrpo.pool import ExperiencePool  # noqa: E402
+from recipe.exgrpo.composition import FreshSource, plan_step, question_id, rollout_counts  # noqa: E402
+
+K = 4
+
+
+def make_rows(n: int) -> list[dict]:
+    return [
+        {"data_source": "toy", "raw_prompt": [{"role": "user", "content": f"question {i}"}],
+         "extra_info": {"qid": f"q{i}"}}
+        for i in range(n)
+    ]
+
+
+class Loader:
+    """An endless dataloader over ``rows`` (one row per call, epochs repeat), counting calls."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = rows
+        self.calls = 0
+
+    def __call__(self) -> dict:
+        row = self.rows[self.calls % len(self.rows)]
+        self.calls += 1
+        return row
+
+
+def success_group(step: int, k_correct: int = 2):
+    rewards = [1.0] * k_correct + [0.0] * (K - k_correct)
+    return rewards, [[step, i] for i in range(K)], [[-0.1, -0.2]] * K
+
+
+def active_pool(qids: list[str], rho: float = 0.5, retired: tuple[str, ...] = ()) -> ExperiencePool:
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K, rho=rho), seed=1)
+    assert pool.observe_step_accuracy(0.9)
+    for qid in qids:
+        assert pool.update(qid, *success_group(1), step=1) == "stored"
+    for qid in retired:
+        assert pool.update(qid, [1.0] * K, [[1]] * K, [[-0.1]] * K, step=1) == "retired"
+    return pool
+
+
+def test_inactive_pool_gives_all_fresh_questions_in_dataloader_order_with_k_rollouts():
+    loader = Loader(make_rows(10))
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K))
+    plan = plan_step(4, ExGRPOConfig(n_rollouts=K), pool, FreshSource(loader, 10))
+    assert [f.qid for f in plan.fresh] == ["q0", "q1", "q2", "q3"]
+    assert plan.replay_qids == [] and rollout_counts(plan, K) == [K] * 4
+    assert loader.calls == 4
+
+
+def test_active_pool_replays_round_rho_b_questions_with_k_minus_one_rollouts_none_also_fresh():
+    loader = Loader(make_rows(20))
+    pool = active_pool([f"q{i}" for i in range(10, 16)])  # pool holds q10..q15
+    plan = plan_step(6, ExGRPOConfig(n_rollouts=K, rho=0.5), pool, FreshSource(loader, 20))
+    assert len(plan.fresh) == 3 and len(plan.replay_qids) == 3  # round(0.5 * 6) = 3
+    assert set(plan.replay_qids) <= {f"q{i}" for i in range(10, 16)}
+    assert len(set(plan.qids)) == 6
+    assert rollout_counts(plan, K) == [K, K, K, K - 1, K - 1, K - 1]
+
+
+def test_fresh_question_in_the_pool_is_not_also_replayed():
+    loader = Loader(make_rows(4))  # the dataloader gives q0, q1 first; the pool holds exactly q0..q3
+    pool = active_pool(["q0", "q1", "q2", "q3"])
+    plan = plan_step(4, ExGRPOConfig(n_rollouts=K, rho=0.5), pool, FreshSource(loader, 4))
+    assert [f.qid for f in plan.fresh] == ["q0", "q1"]
+    assert sorted(plan.replay_qids) == ["q2", "q3"]
+
+
+def test_small_pool_limits_replay_and_the_rest_is_fresh():
+    loader = Loader(make_rows(20))
+    pool = active_pool(["q15"])
+    plan = plan_step(8, ExGRPOConfig(n_rollouts=K, rho=0.5), pool, FreshSource(loader, 20))
+    assert plan.replay_qids == ["q15"] and len(plan.fresh) == 7
+    assert "q15" not in [f.qid for f in plan.fresh]
+
+
+def test_retired_questions_are_skipped_and_never_drawn_fresh():
+    loader = Loader(make_rows(6))
+    pool = active_pool([], retired=("q0", "q2"))
+    plan = plan_step(4, ExGRPOConfig(n_rollouts=K), pool, FreshSource(loader, 6))
+    assert [f.qid for f in plan.fresh] == ["q1", "q3", "q4", "q5"]
+    assert plan.skipped_retired == 2
+
+
+def test_fresh_row_of_a_replayed_question_is_deferred_to_the_next_step_not_dropped():
+    loader = Loader(make_rows(5))  # q0 q1 q2 q3 q4
+    pool = active_pool(["q0", "q1"], rho=0.5)
+    source = FreshSource(loader, 5)
+    # B=3, n_replay = min(round(1.5), 2) = 2: fresh q0; the pool can then give only q1 (q0 is fresh), so one
+    # more fresh question is drawn: the loader's q1 is already replayed -> deferred, q2 is used.
+    plan = plan_step(3, ExGRPOConfig(n_rollouts=K, rho=0.5), pool, source)
+    assert plan.replay_qids == ["q1"] and [f.qid for f in plan.fresh] == ["q0", "q2"]
+    assert plan.deferred == 1 and [p.qid for p in source.pending] == ["q1"]
+    # The deferred row comes first in the next step.
+    plan = plan_step(2, ExGRPOConfig(n_rollouts=K, rho=0.0), pool, source)
+    assert [f.qid for f in plan.fresh] == ["q1", "q3"] and not source.pending
+
+
+def test_all_questions_retired_is_a_clear_error_not_an_endless_loop():
+    loader = Loader(make_rows(3))
+    pool = active_pool([], retired=("q0", "q1", "q2"))
+    with pytest.raises(RuntimeError, match="retired"):
+        plan_step(2, ExGRPOConfig(n_rollouts=K), pool, FreshSource(loader, 3))
+
+
+def test_disabled_exgrpo_never_replays_even_with_an_active_pool():
+    loader = Loader(make_rows(10))
+    pool = active_pool(["q7", "q8"])
+    plan = plan_step(4, ExGRPOConfig(n_rollouts=K, enable=False), pool, FreshSource(loader, 10))
+    assert plan.replay_qids == [] and [f.qid for f in plan.fresh] == ["q0", "q1", "q2", "q3"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    batch_size=st.integers(1, 12),
+    n_pool=st.integers(0, 15),
+    n_retired=st.integers(0, 5),
+    rho=st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]),
+    seed=st.integers(0, 3),
+)
+def test_invariants_b_distinct_questions_no_retired_replay_count(batch_size, n_pool, n_retired, rho, seed):
+    n_rows = 30
+    loader = Loader(make_rows(n_rows))
+    held = [f"q{i}" for i in range(n_pool)]
+    retired = tuple(f"q{i}" for i in range(n_rows - n_retired, n_rows))
+    pool = active_pool(held, rho=rho, retired=retired)
+    config = ExGRPOConfig(n_rollouts=K, rho=rho)
+    plan = plan_step(batch_size, config, pool, FreshSource(loader, n_rows))
+    qids = plan.qids
+    assert len(qids) == batch_size and len(set(qids)) == batch_size
+    assert not any(pool.is_retired(q) for q in qids)
+    assert all(q in held for q in plan.replay_qids)
+    assert len(plan.replay_qids) <= config.n_replay(batch_size, len(pool))
+    assert rollout_counts(plan, K).count(K - 1) == len(plan.replay_qids)
+
+
+def test_question_id_prefers_extra_info_qid_and_otherwise_hashes_source_and_prompt():
+    row = {"data_source": "a", "raw_prompt": [{"role": "user", "content": "x"}], "extra_info": {"qid": 17}}
+    assert question_id(row) == "17"
+    no_id = {"data_source": "a", "raw_prompt": [{"role": "user", "content": "x"}], "extra_info": {"index": 0}}
+    same = {"data_source": "a", "raw_prompt": [{"content": "x", "role": "user"}], "extra_info": {}}
+    other_source = {"data_source": "b", "raw_prompt": [{"role": "user", "content": "x"}], "extra_info": {}}
+    other_prompt = {"data_source": "a", "raw_prompt": [{"role": "user", "content": "y"}], "extra_info": {}}
+    assert question_id(no_id) == question_id(same)
+    assert len({question_id(no_id), question_id(other_source), question_id(other_prompt)}) == 3
+    with pytest.raises(ValueError, match="question id"):
+        question_id({"data_source": "a", "extra_info": {}})

@@ -1,0 +1,147 @@
+"""Record builders (replayed member, per-key ExGRPO fields) and the exgrpo section / verl option checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+pytest.importorskip("verl")
+
+import torch  # noqa: E402
+from conftest import REPO, compose_config  # noqa: E402
+from omegaconf import OmegaConf, open_dict  # noqa: E402
+
+from recipe.exgrpo.records import (  # noqa: E402
+    IS_REPLAY_FIELD,
+    PAST_LOG_PROBS_FIELD,
+    ReplayedMember,
+    exgrpo_fields,
+    final_outputs,
+    parse_key,
+    replay_record,
+)
+from recipe.exgrpo.settings import check_verl_settings, load_settings  # noqa: E402
+
+BASE = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"]
+
+
+def live_record() -> dict:
+    """A record with the fields verl's single-turn agent loop writes (agent_loop_tq._agent_loop_postprocess)."""
+    prompts, responses = torch.tensor([1, 5, 6]), torch.tensor([9, 9, 9, 9, 2])
+    return {
+        "prompts": prompts, "responses": responses, "response_mask": torch.ones(5, dtype=torch.int64),
+        "rollout_log_probs": torch.full((5,), -0.3), "rm_scores": torch.tensor([0, 0, 0, 0, 0.0]),
+        "num_turns": 2, "metrics": {"generate_sequences": 0.1},
+        "extra_fields": {"reward_extra_info": {"acc": 0.0}, "min_global_steps": 7, "max_global_steps": 7},
+        "uid": "u1", "session_id": 0, "raw_prompt": [{"role": "user", "content": "1+1"}], "data_source": "toy",
+        "reward_model": {"ground_truth": "2"}, "extra_info": {"qid": "q1"}, "index": 0, "global_steps": 7,
+        "loss_mask": torch.ones(5, dtype=torch.int64), "input_ids": torch.cat([prompts, responses]),
+        "position_ids": torch.arange(8), "multi_modal_inputs": {},
+    }
+
+
+def test_parse_and_final_outputs_follow_verl_key_format_and_last_index():
+    assert parse_key("ab-c_3_1") == ("ab-c", 3, 1)
+    with pytest.raises(ValueError, match="not of the form"):
+        parse_key("nounderscore")
+    groups = final_outputs(["u_0_0", "u_0_1", "u_1_0", "v_2_0"])
+    assert groups == {"u": {0: "u_0_1", 1: "u_1_0"}, "v": {2: "v_2_0"}}
+
+
+def test_replay_record_keeps_every_field_and_replaces_sequence_reward_and_bookkeeping():
+    template = live_record()
+    member = ReplayedMember("u1", "q1", "u1_3_0", np.array([7, 8, 2], np.int32),
+                            np.array([-1.0, -2.0, -0.5], np.float32), step=3)
+    record, tag = replay_record(template, {"status": "success", "seq_len": 8, "global_steps": 7}, member, 3,
+                                1.0, {"acc": 1.0})
+    assert set(record) == set(template)
+    assert record["responses"].tolist() == [7, 8, 2] and record["prompts"].tolist() == [1, 5, 6]
+    assert record["input_ids"].tolist() == [1, 5, 6, 7, 8, 2]
+    assert record["position_ids"].tolist() == list(range(6))
+    assert record["response_mask"].tolist() == [1, 1, 1] == record["loss_mask"].tolist()
+    assert record["rm_scores"].tolist() == [0.0, 0.0, 1.0]
+    assert record["rollout_log_probs"].tolist() == [-1.0, -2.0, -0.5]
+    assert record["session_id"] == 3 and record["uid"] == "u1"
+    assert record["extra_fields"]["reward_extra_info"] == {"acc": 1.0}
+    assert record["extra_fields"]["min_global_steps"] == 3
+    assert tag["prompt_len"] == 3 and tag["response_len"] == 3 and tag["seq_len"] == 6
+    assert tag["global_steps"] == 7 and "is_padding" not in tag
+    assert template["responses"].tolist() == [9, 9, 9, 9, 2]  # the live record is not modified
+
+
+def test_exgrpo_fields_cover_every_key_with_response_lengths_from_tags():
+    keys = ["a_0_0", "a_3_0", "pad_0_0"]
+    tags = [{"response_len": 4}, {"response_len": 2}, {"response_len": 1, "is_padding": True}]
+    fields = exgrpo_fields(keys, tags, {"a_3_0": np.array([-0.5, -0.25], np.float32)})
+    assert fields[IS_REPLAY_FIELD].tolist() == [0, 1, 0]
+    past = fields[PAST_LOG_PROBS_FIELD].unbind()
+    assert [t.tolist() for t in past] == [[0.0] * 4, [-0.5, -0.25], [0.0]]
+    with pytest.raises(ValueError, match="past log-probs"):
+        exgrpo_fields(keys, tags, {"a_3_0": np.zeros(3, np.float32)})
+
+
+def test_recipe_yaml_composes_passes_verl_validation_and_ties_k_to_rollout_n():
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    config = compose_config([*BASE, "actor_rollout_ref.rollout.n=6", "exgrpo.beta=0.3"])  # K follows n
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    core, recipe = load_settings(config)
+    assert core.n_rollouts == 6 and core.beta == 0.3 and core.enable
+    assert recipe.allow_empty_pool_on_resume is False
+    check_verl_settings(config, core)
+    assert config.data.gen_batch_size == 1 and config.algorithm.adv_estimator == "grpo"
+    assert config.trainer.v1.trainer_mode == "sync"
+    # The worker sees the same section through actor_rollout_ref.exgrpo.
+    assert OmegaConf.to_container(config.actor_rollout_ref.exgrpo, resolve=True)["beta"] == 0.3
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("exgrpo.rhoo=0.5", "unknown exgrpo config key"),
+        ("exgrpo.rho=1.5", "rho"),
+        ("exgrpo.n_rollouts=3", "n_rollouts"),
+        ("data.gen_batch_size=4", "gen_batch_size"),
+        ("trainer.v1.trainer_mode=colocate_async", "trainer_mode"),
+        ("algorithm.adv_estimator=gae", "adv_estimator"),
+        ("algorithm.rollout_correction.rollout_is=token", "rollout_is"),
+        ("exgrpo.allow_empty_pool_on_resume=maybe", "allow_empty_pool_on_resume"),
+    ],
+)
+def test_bad_exgrpo_or_incompatible_verl_settings_fail_naming_the_key(override, message):
+    config = compose_config(BASE)
+    key, value = override.split("=")
+    with open_dict(config):
+        OmegaConf.update(config, key, yaml.safe_load(value), force_add=True)
+    with pytest.raises(ValueError, match=message):
+        core, _ = load_settings(config)
+        check_verl_settings(config, core)
+
+
+def test_yaml_defaults_to_the_papers_group_size():
+    assert compose_config(BASE).actor_rollout_ref.rollout.n == 8
+
+
+def test_disabled_exgrpo_accepts_any_verl_grpo_batching():
+    config = compose_config([*BASE, "exgrpo.enable=false", "data.gen_batch_size=null"])
+    core, _ = load_settings(config)
+    check_verl_settings(config, core)  # the on-policy baseline needs no ExGRPO-specific setting
+
+
+@pytest.mark.slow
+def test_entry_point_prints_the_composed_job_config():
+    """``python -m recipe.exgrpo.main_exgrpo --cfg job`` (hydra) prints the config without starting anything."""
+    result = subprocess.run(
+        [sys.executable, "-m", "recipe.exgrpo.main_exgrpo", "--cfg", "job", "exgrpo.rho=0.25"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed = OmegaConf.create(result.stdout)
+    assert printed.exgrpo.rho == 0.25 and printed.data.gen_batch_size == 1
+    assert printed.actor_rollout_ref.exgrpo.rho == 0.25 and printed.actor_rollout_ref.exgrpo.n_rollouts == 8
