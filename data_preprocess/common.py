@@ -1,0 +1,265 @@
+"""Shared pieces of the data preprocessors: the authors' system prompt, question ids, verl row layout, I/O.
+
+Every preprocessor emits the same verl row layout, so the trainer, the evaluator and the experience pool can
+rely on it::
+
+    {"data_source": str,
+     "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}],
+     "ability": "math",
+     "reward_model": {"style": "rule", "ground_truth": str},
+     "extra_info": {"index": int, "qid": str, "split": str, "repeat": int}}
+
+``extra_info["qid"]`` identifies a question (not a row): it is a hash of data_source and the user message, so
+it is the same on every run and machine, and the repeats of a question (avg@k rows) share it.
+``extra_info["index"]`` is the row's position in the output file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# The system prompt of the authors' runs (SPEC §3), byte-exact: real newlines after "<think>" and "</think>",
+# a literal backslash in "\boxed{}".
+SYSTEM_PROMPT = (
+    "Your task is to follow a systematic, thorough reasoning process before providing the final solution. "
+    "This involves analyzing, summarizing, exploring, reassessing, and refining your thought process through "
+    "multiple iterations. Structure your response into two sections: Thought and Solution. In the Thought "
+    'section, present your reasoning using the format: "<think>\n {thoughts} </think>\n". Each thought should '
+    "include detailed analysis, brainstorming, verification, and refinement of ideas. After \"</think>\n,\" in "
+    "the Solution section, provide the final, logical, and accurate answer, clearly derived from the "
+    "exploration in the Thought section. If applicable, include the answer in \\boxed{} for closed-form results "
+    "like multiple choices or mathematical solutions."
+)
+SYSTEM_PROMPT_SHA256 = "a8747f1674d341836ab8fae3c29263fee4dd555f07259cdbc6dadf4104ea8926"  # checked in tests
+
+QID_CHARS = 16
+LOCAL_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
+
+
+def question_id(data_source: str, question: str) -> str:
+    """Stable id of a question: sha256 over data_source and the exact user message (first 16 hex digits).
+
+    Python's ``hash`` is salted per process, and row positions change when a file is filtered or shuffled, so
+    neither can key the experience pool across restarts or machines.
+    """
+    digest = hashlib.sha256(f"{data_source}\x1f{question}".encode("utf-8", "surrogatepass")).hexdigest()
+    return digest[:QID_CHARS]
+
+
+def chat_prompt(question: str, system_prompt: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
+    """The chat the policy sees: the authors' system prompt, then the question as the user turn."""
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": question}]
+
+
+def make_row(data_source: str, question: str, ground_truth: str, *, split: str, index: int = 0,
+             repeat: int = 0, system_prompt: str = SYSTEM_PROMPT) -> dict[str, Any]:
+    """One verl row (``extra_info.index`` is renumbered by :func:`finalize`)."""
+    return {
+        "data_source": data_source,
+        "prompt": chat_prompt(question, system_prompt),
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": {"index": index, "qid": question_id(data_source, question), "split": split,
+                       "repeat": repeat},
+    }
+
+
+def finalize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Number the rows (``extra_info.index``) and the repeats of each question (``extra_info.repeat``)."""
+    seen: dict[str, int] = {}
+    for position, row in enumerate(rows):
+        qid = row["extra_info"]["qid"]
+        row["extra_info"]["index"] = position
+        row["extra_info"]["repeat"] = seen.get(qid, 0)
+        seen[qid] = seen.get(qid, 0) + 1
+    return rows
+
+
+def repeat_rows(rows: Sequence[dict[str, Any]], repeats: int) -> list[dict[str, Any]]:
+    """Each question ``repeats`` times in a row (avg@k evaluation over k samples of the same prompt)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    out = []
+    for row in rows:
+        for _ in range(repeats):
+            out.append({**row, "extra_info": dict(row["extra_info"]), "reward_model": dict(row["reward_model"])})
+    return out
+
+
+def clean_answer(value: Any) -> str | None:
+    """A ground truth as a string, or None when there is no usable answer.
+
+    Hub datasets store answers as str, int, float (AMC: ``27.0``), one-element lists (OlympiadBench's
+    ``final_answer``), or placeholders for proof problems; the reward needs one non-empty string.
+    """
+    if value is None:
+        return None
+    if hasattr(value, "tolist") and not isinstance(value, str):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        parts = [clean_answer(v) for v in value]
+        parts = [p for p in parts if p]
+        return ", ".join(parts) if parts else None
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return None
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, int):
+        return str(value)
+    text = str(value).strip()
+    if not text or text.lower() in {"none", "nan", "null", "proof", "notfound", "n/a", "-"}:
+        return None
+    return text
+
+
+def first_field(record: Mapping[str, Any], keys: Sequence[str], *, where: str) -> Any:
+    """The first present field among ``keys`` (raw schemas differ in capitalisation and naming)."""
+    for key in keys:
+        if key in record:
+            return record[key]
+    raise KeyError(f"{where}: none of the fields {list(keys)} present (fields: {sorted(record)})")
+
+
+def user_message(prompt: Any, *, where: str) -> str:
+    """The last user turn of a chat-list prompt (verl rows), or the prompt itself when it is a plain string."""
+    if isinstance(prompt, str):
+        return prompt
+    if hasattr(prompt, "tolist"):
+        prompt = prompt.tolist()
+    if isinstance(prompt, (list, tuple)):
+        users = [turn.get("content") for turn in prompt if isinstance(turn, Mapping) and turn.get("role") == "user"]
+        if users and isinstance(users[-1], str):
+            return users[-1]
+    raise ValueError(f"{where}: 'prompt' has no user turn (got {type(prompt).__name__})")
+
+
+def system_message(prompt: Any) -> str | None:
+    if hasattr(prompt, "tolist"):
+        prompt = prompt.tolist()
+    if isinstance(prompt, (list, tuple)):
+        for turn in prompt:
+            if isinstance(turn, Mapping) and turn.get("role") == "system":
+                return turn.get("content")
+    return None
+
+
+def read_local(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a local .parquet, .jsonl, .json (list of objects, or {"data": [...]}) or .csv file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such data file: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pandas as pd
+
+        return pd.read_parquet(path).to_dict(orient="records")
+    if suffix == ".csv":
+        import pandas as pd
+
+        return pd.read_csv(path, keep_default_na=False).to_dict(orient="records")
+    if suffix == ".jsonl":
+        records = []
+        with path.open(encoding="utf-8") as handle:
+            for line_no, line in enumerate(handle, 1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise ValueError(f"{path}:{line_no}: invalid JSON ({exc})") from exc
+        return records
+    if suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, Mapping):
+            data = data.get("data", data.get("rows"))
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON list of objects (or {{'data': [...]}})")
+        return data
+    raise ValueError(f"{path}: unsupported file type {suffix!r} (expected one of {LOCAL_SUFFIXES})")
+
+
+def load_records(source: str, *, config: str | None = None, split: str = "train") -> list[dict[str, Any]]:
+    """Records from a local file when ``source`` is a path, else from the Hugging Face hub (needs ``datasets``)."""
+    if Path(source).suffix.lower() in LOCAL_SUFFIXES or Path(source).exists():
+        return read_local(source)
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - datasets is a listed dependency
+        raise ImportError("loading from the hub needs `pip install datasets`") from exc
+    dataset = datasets.load_dataset(source, config, split=split)  # pragma: no cover - no hub in tests
+    return [dict(record) for record in dataset]  # pragma: no cover
+
+
+def write_rows(rows: Sequence[dict[str, Any]], output: str | Path) -> Path:
+    """Write verl rows as parquet (or jsonl when ``output`` ends in .jsonl)."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if output.suffix.lower() == ".jsonl":
+        with output.open("w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        return output
+    if output.suffix.lower() != ".parquet":
+        raise ValueError(f"output {output} must end in .parquet or .jsonl")
+    import pandas as pd
+
+    pd.DataFrame(list(rows)).to_parquet(output, index=False)
+    return output
+
+
+def dedupe(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], int, int]:
+    """Keep the first row of every qid; returns (rows, duplicates dropped, duplicates whose answer differed)."""
+    kept: dict[str, dict[str, Any]] = {}
+    dropped = conflicting = 0
+    for row in rows:
+        qid = row["extra_info"]["qid"]
+        if qid in kept:
+            dropped += 1
+            if kept[qid]["reward_model"]["ground_truth"] != row["reward_model"]["ground_truth"]:
+                conflicting += 1
+            continue
+        kept[qid] = row
+    return list(kept.values()), dropped, conflicting
+
+
+def rows_from_processed(records: Iterable[Mapping[str, Any]], *, source_name: str = "processed",
+                        split: str = "test", replace_system_prompt: bool = True
+                        ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Re-emit rows of an already processed verl file (the authors' ``*.parquet``) in our layout.
+
+    Their rows already carry ``data_source``, a chat ``prompt`` (system + user), and
+    ``reward_model.ground_truth``; their ``extra_info`` has only ``index``/``split`` (index 0-based per file),
+    so the qid is recomputed from data_source + user turn. Repeated questions (AIME x32) stay separate rows
+    sharing one qid. Returns the rows and counts (rows, other_system_prompt) for the summary.
+    """
+    rows, other_system = [], 0
+    for position, record in enumerate(records):
+        where = f"{source_name} row {position}"
+        for field in ("data_source", "prompt", "reward_model"):
+            if field not in record:
+                raise KeyError(f"{where}: missing field {field!r} (fields: {sorted(record)})")
+        reward_model = record["reward_model"]
+        if not isinstance(reward_model, Mapping) or "ground_truth" not in reward_model:
+            raise KeyError(f"{where}: reward_model has no 'ground_truth'")
+        answer = clean_answer(reward_model["ground_truth"])
+        if answer is None:
+            raise ValueError(f"{where}: empty ground truth {reward_model['ground_truth']!r}")
+        system = system_message(record["prompt"])
+        if system != SYSTEM_PROMPT:
+            other_system += 1
+        extra = record.get("extra_info") or {}
+        system_prompt = SYSTEM_PROMPT if replace_system_prompt or system is None else system
+        rows.append(make_row(str(record["data_source"]), user_message(record["prompt"], where=where), answer,
+                             split=str(extra.get("split", split)) if isinstance(extra, Mapping) else split,
+                             system_prompt=system_prompt))
+    return finalize(rows), {"rows": len(rows), "other_system_prompt": other_system}
+
+
+def summary_line(name: str, counts: Mapping[str, int]) -> str:
+    return f"{name}: " + ", ".join(f"{key}={value}" for key, value in counts.items())

@@ -1,0 +1,144 @@
+"""In-distribution math benchmarks as verl rows: AIME24, AIME25, AMC23, MATH-500, Minerva, OlympiadBench.
+
+Raw schemas accepted (hub default in brackets; a local .parquet/.jsonl/.json/.csv in the same schema works too):
+
+* ``aime24`` [HuggingFaceH4/aime_2024, split train]: ``problem``, ``answer`` (str), ``solution``, ``id``, ``url``.
+* ``aime25`` [math-ai/aime25, split test]: ``problem``, ``answer``, ``id``.
+* ``amc23`` [math-ai/amc23, split test]: ``question``, ``answer`` (float such as 27.0), ``id``, ``url``.
+* ``math500`` [HuggingFaceH4/MATH-500, split test]: ``problem``, ``answer``, ``solution``, ``subject``,
+  ``level``, ``unique_id``.
+* ``minerva`` [math-ai/minervamath, split test]: ``question``, ``answer``.
+* ``olympiadbench`` [math-ai/olympiadbench, split test]: ``question``, ``final_answer`` (list of str, joined
+  with ", "), ``solution``, ...
+* ``--processed FILE``: the authors' processed verl parquet (``../shared/data/benchmarks/math_test.parquet``):
+  ``data_source`` (aime, aime25, amc, math, minerva, olympiad_bench), chat ``prompt``, ``reward_model``.
+
+``data_source`` names match the authors' files so both routes give the same per-benchmark table. avg@k rows:
+the paper reports avg@32 for AIME24/25 and AMC, so those are repeated 32 times by default (``--repeats`` sets one
+count for every benchmark; the repeats share a qid and differ in ``extra_info.repeat``).
+
+Usage: ``python data_preprocess/math_benchmarks.py --output data/math_test.parquet [--benchmarks aime24 math500]
+[--local aime24=path.jsonl] [--processed FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from data_preprocess.common import (
+    clean_answer,
+    finalize,
+    first_field,
+    load_records,
+    make_row,
+    read_local,
+    repeat_rows,
+    rows_from_processed,
+    write_rows,
+)
+
+
+class Benchmark(NamedTuple):
+    data_source: str
+    hub: str
+    config: str | None
+    split: str
+    question_keys: tuple[str, ...]
+    answer_keys: tuple[str, ...]
+    repeats: int
+
+
+QUESTION_KEYS = ("problem", "question", "Problem", "Question")
+BENCHMARKS: dict[str, Benchmark] = {
+    "aime24": Benchmark("aime", "HuggingFaceH4/aime_2024", None, "train", QUESTION_KEYS, ("answer", "Answer"), 32),
+    "aime25": Benchmark("aime25", "math-ai/aime25", None, "test", QUESTION_KEYS, ("answer", "Answer"), 32),
+    "amc23": Benchmark("amc", "math-ai/amc23", None, "test", QUESTION_KEYS, ("answer", "Answer"), 32),
+    "math500": Benchmark("math", "HuggingFaceH4/MATH-500", None, "test", QUESTION_KEYS, ("answer",), 1),
+    "minerva": Benchmark("minerva", "math-ai/minervamath", None, "test", QUESTION_KEYS, ("answer",), 1),
+    "olympiadbench": Benchmark("olympiad_bench", "math-ai/olympiadbench", None, "test", QUESTION_KEYS,
+                               ("final_answer", "answer"), 1),
+}
+
+
+def convert(name: str, records: Iterable[Mapping[str, Any]], repeats: int | None = None) -> list[dict[str, Any]]:
+    """Raw records of benchmark ``name`` -> verl rows (with avg@k repeats); a row without answer is an error.
+
+    A benchmark question without a gradable answer would silently lower every score, so unlike the training
+    set nothing is dropped: the offending row is named instead.
+    """
+    if name not in BENCHMARKS:
+        raise KeyError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}")
+    spec = BENCHMARKS[name]
+    rows = []
+    for position, record in enumerate(records):
+        where = f"{name} row {position}"
+        question = first_field(record, spec.question_keys, where=where)
+        answer = clean_answer(first_field(record, spec.answer_keys, where=where))
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"{where}: empty question")
+        if answer is None:
+            raise ValueError(f"{where}: no usable answer")
+        rows.append(make_row(spec.data_source, question.strip(), answer, split="test"))
+    return repeat_rows(rows, spec.repeats if repeats is None else repeats)
+
+
+def build(names: Sequence[str], local: Mapping[str, str] | None = None, repeats: int | None = None
+          ) -> list[dict[str, Any]]:
+    """All requested benchmarks, each from its local file if given, else from the hub."""
+    local = dict(local or {})
+    rows = []
+    for name in names:
+        spec = BENCHMARKS[name] if name in BENCHMARKS else None
+        if spec is None:
+            raise KeyError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}")
+        records = read_local(local[name]) if name in local else load_records(spec.hub, config=spec.config,
+                                                                              split=spec.split)
+        rows.extend(convert(name, records, repeats))
+    return finalize(rows)
+
+
+def parse_local(pairs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or name not in BENCHMARKS:
+            raise ValueError(f"--local expects NAME=PATH with NAME in {sorted(BENCHMARKS)}, got {pair!r}")
+        out[name] = path
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=sorted(BENCHMARKS))
+    parser.add_argument("--local", nargs="*", default=[], metavar="NAME=PATH", help="local raw file per benchmark")
+    parser.add_argument("--processed", default=None, help="an authors' processed verl parquet instead")
+    parser.add_argument("--repeats", type=int, default=None, help="override the per-benchmark avg@k repeats")
+    parser.add_argument("--output", default="data/math_test.parquet")
+    args = parser.parse_args(argv)
+    if args.processed:
+        rows, counts = rows_from_processed(read_local(args.processed), source_name=args.processed)
+        if args.repeats is not None:
+            raise SystemExit("--repeats does not apply to --processed files (their repeats are already rows)")
+    else:
+        rows = build(args.benchmarks, parse_local(args.local), args.repeats)
+        counts = {"rows": len(rows)}
+    path = write_rows(rows, args.output)
+    print(f"math benchmarks -> {path}: {counts}")
+    per_source: dict[str, set] = {}
+    for row in rows:
+        per_source.setdefault(row["data_source"], set()).add(row["extra_info"]["qid"])
+    for source, qids in per_source.items():
+        n_rows = sum(1 for row in rows if row["data_source"] == source)
+        print(f"  {source}: {len(qids)} questions, {n_rows} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,177 @@
+"""Out-of-distribution multiple-choice benchmarks as verl rows: ARC-Challenge, GPQA-diamond, MMLU-Pro.
+
+The options are lettered in the prompt ("A) ...", one per line) and the ground truth is the correct option's
+letter; the reward reads the letter from ``\\boxed{X}`` or "the answer is (X)". Raw schemas accepted (hub
+default in brackets; a local file in the same schema works too):
+
+* ``arc_c`` [allenai/ai2_arc, config ARC-Challenge, split test]: ``id``, ``question``,
+  ``choices`` = {``text``: [...], ``label``: [...]} (labels are A-E or, for a few questions, 1-5),
+  ``answerKey`` (one of the labels). Labels are re-lettered A, B, C, ... in order.
+* ``gpqa`` [Idavidrein/gpqa, config gpqa_diamond, split train; gated]: ``Question``, ``Correct Answer``,
+  ``Incorrect Answer 1``, ``Incorrect Answer 2``, ``Incorrect Answer 3``. The raw file always lists the correct
+  answer first, so the options are always shuffled (see below).
+* ``mmlu_pro`` [TIGER-Lab/MMLU-Pro, split test]: ``question_id``, ``question``, ``options`` (up to 10),
+  ``answer`` (letter) and/or ``answer_index`` (0-based), ``category``, ``src``.
+* ``--processed FILE``: the authors' processed parquet (``arc_c_test.parquet``, ``gpqa_diamond_test.parquet``).
+
+Option order: ``--shuffle`` (always on for GPQA) permutes the options with a generator seeded by
+(``--seed``, benchmark, question text), so the order does not depend on row order, process or machine.
+GPQA prompts carry the authors' instruction line asking for ``ANSWER: $LETTER``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import random
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from data_preprocess.common import (
+    finalize,
+    first_field,
+    load_records,
+    make_row,
+    read_local,
+    rows_from_processed,
+    write_rows,
+)
+
+LETTERS = "ABCDEFGHIJ"
+GPQA_INSTRUCTION = (
+    "Answer the following multiple choice question. The last line of your response should be of the following "
+    "format: 'ANSWER: $LETTER' (without quotes) where LETTER is one of {letters}. Think step by step before "
+    "answering.\n\n"
+)
+
+
+class Benchmark(NamedTuple):
+    data_source: str
+    hub: str
+    config: str | None
+    split: str
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "arc_c": Benchmark("arc_c", "allenai/ai2_arc", "ARC-Challenge", "test"),
+    "gpqa": Benchmark("gpqa", "Idavidrein/gpqa", "gpqa_diamond", "train"),
+    "mmlu_pro": Benchmark("mmlu_pro", "TIGER-Lab/MMLU-Pro", None, "test"),
+}
+
+
+def format_question(question: str, options: Sequence[str]) -> str:
+    """Question, blank line, then one "X) option" line per option (the layout of the authors' files)."""
+    if not 2 <= len(options) <= len(LETTERS):
+        raise ValueError(f"need 2..{len(LETTERS)} options, got {len(options)}")
+    lines = [f"{LETTERS[i]}) {str(option).strip()}" for i, option in enumerate(options)]
+    return f"{question.strip()}\n\n" + "\n".join(lines) + "\n"
+
+
+def option_order(n_options: int, seed: int, benchmark: str, question: str) -> list[int]:
+    """A permutation of range(n) that depends only on (seed, benchmark, question text)."""
+    key = hashlib.sha256(f"{seed}\x1f{benchmark}\x1f{question}".encode("utf-8", "surrogatepass")).digest()
+    order = list(range(n_options))
+    random.Random(int.from_bytes(key[:8], "big")).shuffle(order)
+    return order
+
+
+def _options_and_answer(name: str, record: Mapping[str, Any], where: str) -> tuple[str, list[str], int]:
+    """(question, options, index of the correct option) from one raw record."""
+    if name == "arc_c":
+        question = first_field(record, ("question",), where=where)
+        choices = first_field(record, ("choices",), where=where)
+        texts, labels = list(choices["text"]), [str(label) for label in choices["label"]]
+        key = str(first_field(record, ("answerKey", "answer"), where=where)).strip()
+        if key not in labels:
+            raise ValueError(f"{where}: answerKey {key!r} is not one of the labels {labels}")
+        return question, texts, labels.index(key)
+    if name == "gpqa":
+        question = first_field(record, ("Question", "question"), where=where)
+        correct = first_field(record, ("Correct Answer",), where=where)
+        wrong = [first_field(record, (f"Incorrect Answer {i}",), where=where) for i in (1, 2, 3)]
+        return question, [correct, *wrong], 0
+    if name == "mmlu_pro":
+        question = first_field(record, ("question",), where=where)
+        options = [str(option) for option in list(first_field(record, ("options",), where=where))]
+        if "answer_index" in record and record["answer_index"] is not None:
+            index = int(record["answer_index"])
+        else:
+            letter = str(first_field(record, ("answer",), where=where)).strip().upper()
+            if letter not in LETTERS[: len(options)]:
+                raise ValueError(f"{where}: answer {letter!r} is not a letter of its {len(options)} options")
+            index = LETTERS.index(letter)
+        if not 0 <= index < len(options):
+            raise ValueError(f"{where}: answer index {index} out of range for {len(options)} options")
+        return question, options, index
+    raise KeyError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}")
+
+
+def convert(name: str, records: Iterable[Mapping[str, Any]], *, shuffle: bool = False, seed: int = 0
+            ) -> list[dict[str, Any]]:
+    """Raw records -> verl rows with lettered options and a letter ground truth."""
+    if name not in BENCHMARKS:
+        raise KeyError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}")
+    rows = []
+    for position, record in enumerate(records):
+        where = f"{name} row {position}"
+        question, options, answer_index = _options_and_answer(name, record, where)
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"{where}: empty question")
+        options = [str(option).strip() for option in options]
+        if shuffle or name == "gpqa":
+            order = option_order(len(options), seed, name, question.strip())
+            answer_index = order.index(answer_index)
+            options = [options[i] for i in order]
+        text = format_question(question, options)
+        if name == "gpqa":
+            text = GPQA_INSTRUCTION.format(letters=LETTERS[: len(options)]) + text
+        rows.append(make_row(BENCHMARKS[name].data_source, text, LETTERS[answer_index], split="test"))
+    return rows
+
+
+def build(names: Sequence[str], local: Mapping[str, str] | None = None, *, shuffle: bool = False, seed: int = 0
+          ) -> list[dict[str, Any]]:
+    local = dict(local or {})
+    rows = []
+    for name in names:
+        if name not in BENCHMARKS:
+            raise KeyError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}")
+        spec = BENCHMARKS[name]
+        records = read_local(local[name]) if name in local else load_records(spec.hub, config=spec.config,
+                                                                              split=spec.split)
+        rows.extend(convert(name, records, shuffle=shuffle, seed=seed))
+    return finalize(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=sorted(BENCHMARKS))
+    parser.add_argument("--local", nargs="*", default=[], metavar="NAME=PATH", help="local raw file per benchmark")
+    parser.add_argument("--processed", default=None, help="an authors' processed verl parquet instead")
+    parser.add_argument("--shuffle", action="store_true", help="shuffle options of every benchmark (GPQA always)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default="data/ood_test.parquet")
+    args = parser.parse_args(argv)
+    if args.processed:
+        rows, counts = rows_from_processed(read_local(args.processed), source_name=args.processed)
+    else:
+        local = {}
+        for pair in args.local:
+            name, sep, path = pair.partition("=")
+            if not sep or name not in BENCHMARKS:
+                raise SystemExit(f"--local expects NAME=PATH with NAME in {sorted(BENCHMARKS)}, got {pair!r}")
+            local[name] = path
+        rows = build(args.benchmarks, local, shuffle=args.shuffle, seed=args.seed)
+        counts = {"rows": len(rows)}
+    path = write_rows(rows, args.output)
+    print(f"ood benchmarks -> {path}: {counts}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""Training set: OpenR1-Math questions as verl rows (questions and answers only, never reference solutions).
+
+Accepted raw schemas (one file may mix them; a local .parquet/.jsonl/.json/.csv or a hub dataset):
+
+* ``Elliott/Openr1-Math-46k-8192`` (the paper's set, default): ``data_source``, ``prompt`` (chat list: system,
+  user), ``target`` (a DeepSeek-R1 trace, dropped), ``ability``, ``reward_model.ground_truth``, ``extra_info``.
+* ``open-r1/OpenR1-Math-220k`` raw rows: ``problem``, ``answer``, ``solution`` (dropped), ``problem_type``,
+  ``question_type`` (``proof`` rows have no checkable answer), ``source``, ``uuid``, ``generations``, ...
+
+ExGRPO is pure RLVR: only the question and its final answer are used. Rows without a usable answer (missing,
+empty, "proof", "notfound") are dropped and counted; repeated questions (same qid) are kept once.
+
+Usage: ``python data_preprocess/openr1.py [--input Elliott/Openr1-Math-46k-8192 | file] --output
+data/openr1.parquet [--max_rows N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from data_preprocess.common import clean_answer, dedupe, finalize, load_records, make_row, user_message, write_rows
+
+DEFAULT_DATASET = "Elliott/Openr1-Math-46k-8192"
+DEFAULT_DATA_SOURCE = "openr1"
+
+
+def convert_record(record: Mapping[str, Any], position: int) -> tuple[dict[str, Any] | None, str]:
+    """One raw record -> (verl row, "") or (None, reason it was dropped)."""
+    where = f"row {position}"
+    if "prompt" in record and "reward_model" in record:  # the 46k processed schema
+        reward_model = record["reward_model"]
+        answer = clean_answer(reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None)
+        question = user_message(record["prompt"], where=where)
+        data_source = str(record.get("data_source") or DEFAULT_DATA_SOURCE)
+    elif "problem" in record:  # raw OpenR1-Math-220k
+        if str(record.get("question_type", "")).strip().lower() == "proof":
+            return None, "proof question"
+        answer = clean_answer(record.get("answer"))
+        question = record["problem"]
+        data_source = DEFAULT_DATA_SOURCE
+    else:
+        raise KeyError(f"{where}: neither the 46k schema (prompt, reward_model) nor the 220k schema (problem, "
+                       f"answer); fields: {sorted(record)}")
+    if not isinstance(question, str) or not question.strip():
+        return None, "empty question"
+    if answer is None:
+        return None, "no usable answer"
+    return make_row(data_source, question.strip(), answer, split="train"), ""
+
+
+def build_rows(records: Iterable[Mapping[str, Any]], max_rows: int | None = None
+               ) -> tuple[list[dict[str, Any]], Counter]:
+    """Convert, drop unusable rows, remove duplicate questions, cap at ``max_rows``; also return the counts."""
+    counts: Counter = Counter()
+    converted = []
+    for position, record in enumerate(records):
+        counts["read"] += 1
+        row, reason = convert_record(record, position)
+        if row is None:
+            counts[f"dropped: {reason}"] += 1
+        else:
+            converted.append(row)
+    rows, duplicates, conflicting = dedupe(converted)
+    counts["dropped: duplicate question"] = duplicates
+    counts["duplicates with a different answer (first kept)"] = conflicting
+    if max_rows is not None:
+        if max_rows < 1:
+            raise ValueError(f"--max_rows must be >= 1, got {max_rows}")
+        counts["dropped: over --max_rows"] = max(0, len(rows) - max_rows)
+        rows = rows[:max_rows]
+    counts["written"] = len(rows)
+    return finalize(rows), counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input", default=DEFAULT_DATASET, help="hub dataset name or local file")
+    parser.add_argument("--split", default="train", help="hub split")
+    parser.add_argument("--output", default="data/openr1.parquet", help=".parquet or .jsonl")
+    parser.add_argument("--max_rows", type=int, default=None)
+    args = parser.parse_args(argv)
+    rows, counts = build_rows(load_records(args.input, split=args.split), args.max_rows)
+    path = write_rows(rows, args.output)
+    print(f"openr1: {args.input} -> {path}")
+    for key, value in counts.items():
+        print(f"  {key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,280 @@
+"""The verifier: answer extraction, math grading, multiple choice, robustness (adversarial input, threads, asyncio)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exgrpo import reward
+from exgrpo.reward import RESULT_KEYS, answer_section, compute_score, extract_choice, is_multiple_choice
+
+LIMIT_S = 1.0
+# Hang guard for calls that must stop at LIMIT_S: generous, so a loaded CI machine never trips it, but far
+# below what an unbounded sympy evaluation of the adversarial inputs takes (minutes to forever).
+HANG_GUARD_S = LIMIT_S + 30.0
+
+
+def math_score(response: str, gold: str, **kwargs) -> float:
+    return compute_score("math", response, gold, **kwargs)["score"]
+
+
+# ----------------------------------------------------------------------------------------------- answer section
+def test_answer_section_is_text_after_first_think_end():
+    response = "<think>try \\boxed{1}</think> middle </think> end"
+    assert answer_section(response) == " middle </think> end"
+
+
+def test_answer_section_without_tag_is_whole_response_unless_strict():
+    assert answer_section("just \\boxed{3}") == "just \\boxed{3}"
+    assert answer_section("just \\boxed{3}", strict_format=True) is None
+    assert answer_section("a </think> b", think_end_tag=None) == "a </think> b"
+
+
+# ----------------------------------------------------------------------------------------------- math
+@pytest.mark.parametrize(
+    ("response", "gold", "expected"),
+    [
+        ("<think>x</think>\nSo the answer is \\boxed{\\frac{1}{2}}.", "0.5", 1.0),
+        ("<think>x</think>\n\\boxed{\\frac12}", "\\frac{1}{2}", 1.0),
+        ("<think>x</think>\n\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1.0),
+        ("<think>x</think>\n\\boxed{(3, \\pi/2)}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1.0),
+        ("<think>x</think>\n\\boxed{204}", "204", 1.0),
+        ("<think>x</think>\n\\boxed{205}", "204", 0.0),
+        ("<think>x</think>\n\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0),
+        ("<think>x</think>\n\\boxed{3\\sqrt{2}}", "\\sqrt{8}", 0.0),
+    ],
+)
+def test_math_grading_hand_cases(response, gold, expected):
+    assert math_score(response, gold) == expected
+
+
+def test_answer_inside_thought_section_does_not_count():
+    assert math_score("<think>it is \\boxed{204}</think>\nI am not sure.", "204") == 0.0
+    assert math_score("<think>it is \\boxed{204}</think>\nFinal: \\boxed{204}", "204") == 1.0
+    # a later (rejected) trial answer in the thought does not override the solution's answer
+    assert math_score("<think>\\boxed{7}</think>\n\\boxed{204}", "7") == 0.0
+
+
+def test_response_without_think_tag_graded_whole_unless_strict():
+    assert math_score("The answer is \\boxed{204}", "204") == 1.0
+    result = compute_score("math", "The answer is \\boxed{204}", "204", strict_format=True)
+    assert result["score"] == 0.0 and "strict_format" in result["error"]
+
+
+def test_think_end_tag_is_configurable():
+    assert math_score("[/reason] \\boxed{204}", "204", think_end_tag="[/reason]") == 1.0
+    assert math_score("\\boxed{204} [/reason] nothing", "204", think_end_tag="[/reason]") == 0.0
+
+
+def test_result_keys_and_types_are_identical_for_every_outcome():
+    """verl stacks each key of every sample into one array: a missing key in one result breaks the batch."""
+    results = [
+        compute_score("math", "<think></think>\\boxed{1}", "1"),
+        compute_score("math", "<think></think>\\boxed{2}", "1"),
+        compute_score("math", "", "1"),
+        compute_score("math", "\\boxed{1}", ""),
+        compute_score("math", None, "1"),
+        compute_score("gpqa", "ANSWER: B", "B"),
+        compute_score("gpqa", "no idea", "B"),
+        compute_score("math", "\\boxed{1}", "1", strict_format=True),
+    ]
+    for result in results:
+        assert tuple(result) == RESULT_KEYS
+        assert [type(result[k]) for k in RESULT_KEYS] == [float, bool, str, bool, str]
+        assert result["score"] in (0.0, 1.0) and result["acc"] == (result["score"] == 1.0)
+    assert [r["score"] for r in results] == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+
+
+def test_extra_verl_kwargs_are_ignored():
+    result = compute_score("math", "\\boxed{3}", "3", {"index": 5}, reward_router_address=None,
+                           reward_model_tokenizer=None)
+    assert result["score"] == 1.0
+
+
+def test_list_ground_truth_of_one_answer_is_accepted():
+    assert math_score("\\boxed{3}", ["3"]) == 1.0
+
+
+# ----------------------------------------------------------------------------------------------- multiple choice
+@pytest.mark.parametrize(
+    ("text", "label"),
+    [
+        ("\\boxed{C}", "C"),
+        ("\\boxed{(C)}", "C"),
+        ("\\boxed{\\text{C}}", "C"),
+        ("\\boxed{\\textbf{C}}", "C"),
+        ("\\boxed{C) Planetary days will become shorter.}", "C"),
+        ("\\boxed{C. shorter days}", "C"),
+        ("\\boxed{c}", "C"),
+        ("The answer is (B).", "B"),
+        ("the correct answer is D", "D"),
+        ("ANSWER: A", "A"),
+        ("Answer: **B**", "B"),
+        ("Final answer: (J)", "J"),
+        ("the answer is (2)", "2"),
+        ("\\boxed{3}", "3"),
+        ("First \\boxed{A}, on reflection \\boxed{B}", "B"),
+        ("The answer is (A). Writing it boxed: \\boxed{D}", "D"),
+        ("I think the answer is a tricky one.", None),
+        ("no label here", None),
+        ("\\boxed{}", None),
+        ("\\boxed{Planetary days}", None),
+    ],
+)
+def test_extract_choice_variants(text, label):
+    assert extract_choice(text) == label
+
+
+def test_multiple_choice_dispatch_on_data_source():
+    for source in ("arc_c", "ARC-Challenge", "gpqa", "gpqa_diamond", "mmlu_pro", "MMLU-Pro"):
+        assert is_multiple_choice(source)
+    for source in ("math", "aime", "aime25", "amc", "minerva", "olympiad_bench", "openr1"):
+        assert not is_multiple_choice(source)
+    # "C" as a math answer is parsed by math-verify, as a choice it is a label
+    assert compute_score("gpqa", "<think>\\boxed{A}</think>\n\\boxed{C}", "C")["score"] == 1.0
+    assert compute_score("gpqa", "<think>\\boxed{C}</think>\n\\boxed{A}", "C")["score"] == 0.0
+    assert compute_score("arc_c", "</think> the answer is (4)", "4")["score"] == 1.0
+    assert compute_score("arc_c", "</think> the answer is (3)", "4")["score"] == 0.0
+
+
+def test_multiple_choice_bad_ground_truth_is_a_zero_with_reason():
+    result = compute_score("gpqa", "\\boxed{A}", "some text")
+    assert result["score"] == 0.0 and "ground truth" in result["error"]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=400), st.sampled_from(["A", "B", "C", "D", "1"]))
+def test_multiple_choice_never_raises_and_is_binary(text, gold):
+    result = compute_score("gpqa", text, gold)
+    assert result["score"] in (0.0, 1.0)
+    assert result["score"] == (1.0 if extract_choice(answer_section(text)) == gold else 0.0)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=200))
+def test_math_never_raises_on_random_text(text):
+    result = compute_score("math", text, "42", timeout_s=LIMIT_S)
+    assert result["score"] in (0.0, 1.0)
+    if "42" not in text and "\\" not in text:
+        assert result["score"] == 0.0
+
+
+# ----------------------------------------------------------------------------------------------- adversarial
+ADVERSARIAL = {
+    "tower of exponents": "<think>x</think>\n\\boxed{9^{9^{9^{9}}}}",
+    "tower without braces": "\\boxed{9^9^9^9^9^9}",
+    "factorial tower": "\\boxed{((10^{10})!)!}",
+    "100 kB nested braces": "\\boxed{" + "{" * 50_000 + "}" * 50_000 + "}",
+    "100 kB unclosed braces": "\\boxed{" + "{" * 100_000,
+    "empty": "",
+    "only think": "<think></think>",
+    "unicode": "<think>∑</think> 答案是 \\boxed{①} 😀 \u202e\u0000 \ud800",
+    "huge number": "\\boxed{" + "9" * 20_000 + "}",
+}
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+def test_adversarial_answer_scores_zero_within_limit(name):
+    start = time.monotonic()
+    result = compute_score("math", ADVERSARIAL[name], "2", timeout_s=LIMIT_S)
+    elapsed = time.monotonic() - start
+    assert result["score"] == 0.0
+    assert elapsed < HANG_GUARD_S, f"{name}: {elapsed:.1f} s"
+    assert tuple(result) == RESULT_KEYS
+
+
+def test_timeout_is_reported_and_worker_replaced():
+    pool = reward.get_pool()
+    restarts = pool.restarts
+    result = compute_score("math", ADVERSARIAL["tower of exponents"], "2", timeout_s=LIMIT_S)
+    assert result["timeout"] is True and result["score"] == 0.0
+    assert pool.restarts == restarts + 1
+    assert math_score("<think></think>\\boxed{5}", "5") == 1.0  # the replacement works
+
+
+def test_dead_worker_is_replaced_transparently():
+    pool = reward.get_pool()
+    assert math_score("\\boxed{1}", "1") == 1.0  # at least one live idle worker
+    with pool._cond:
+        victims = list(pool._idle)
+    for worker in victims:
+        os.kill(worker.proc.pid, signal.SIGKILL)
+        worker.proc.wait(timeout=10)
+    assert math_score("\\boxed{8}", "8") == 1.0
+
+
+# ----------------------------------------------------------------------------------------------- concurrency
+CONCURRENT_CASES = [
+    ("math", f"<think>t</think>\\boxed{{{k}}}", str(k if k % 3 else k + 1)) for k in range(24)
+] + [("gpqa", f"</think> ANSWER: {letter}", "B") for letter in "ABCD"]
+
+
+def test_threads_and_asyncio_agree_with_one_thread():
+    sequential = [compute_score(*case)["score"] for case in CONCURRENT_CASES]
+    assert sequential == [0.0 if k % 3 == 0 else 1.0 for k in range(24)] + [0.0, 1.0, 0.0, 0.0]
+    with ThreadPoolExecutor(max_workers=8) as executor:
+        threaded = list(executor.map(lambda case: compute_score(*case)["score"], CONCURRENT_CASES))
+    assert threaded == sequential
+
+    async def run_all():
+        loop = asyncio.get_running_loop()
+        futures = [loop.run_in_executor(None, compute_score, *case) for case in CONCURRENT_CASES]
+        via_executor = [r["score"] for r in await asyncio.gather(*futures)]
+        via_coroutine = [r["score"] for r in await asyncio.gather(
+            *(reward.compute_score_async(*case) for case in CONCURRENT_CASES))]
+        in_loop_thread = [compute_score(*case)["score"] for case in CONCURRENT_CASES[:3]]
+        return via_executor, via_coroutine, in_loop_thread
+
+    via_executor, via_coroutine, in_loop_thread = asyncio.run(run_all())
+    assert via_executor == sequential and via_coroutine == sequential
+    assert in_loop_thread == sequential[:3]
+
+
+def test_non_main_thread_where_signal_alarm_fails():
+    """math-verify's own timeout raises outside the main thread; ours must not."""
+    results = []
+    thread = threading.Thread(target=lambda: results.append(math_score("\\boxed{\\frac{3}{4}}", "0.75")))
+    thread.start()
+    thread.join()
+    assert results == [1.0]
+
+
+def _load_by_path(path: Path, module_name: str):
+    # what verl 0.9.1's load_module does for a file path: a fresh module object, not registered in sys.modules
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_loads_by_file_path_outside_the_package():
+    """verl loads custom reward files by path, outside the package: the file must be self-contained."""
+    module = _load_by_path(Path(reward.__file__), "custom_module_test_reward")
+    assert module.compute_score("math", "<think></think>\\boxed{\\sqrt{4}}", "2")["score"] == 1.0
+    assert module.compute_score("gpqa", "ANSWER: D", "D")["score"] == 1.0
+    module.shutdown()
+
+
+@pytest.mark.slow
+def test_loads_through_verl_loader():
+    pytest.importorskip("verl")
+    from verl.utils.import_utils import load_extern_object
+
+    fn = load_extern_object(module_path=str(Path(reward.__file__)), object_name="compute_score")
+    assert fn("math", "<think></think>\\boxed{\\sqrt{4}}", "2")["score"] == 1.0
+
+
+def test_pool_rejects_nonpositive_size():
+    with pytest.raises(ValueError, match="max_workers"):
+        reward.VerifierPool(0)
