@@ -1,0 +1,116 @@
+"""Evaluation: avg@k by hand, tables, generation-file validation, the GPU script's guard."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exgrpo import evaluate
+from exgrpo.evaluate import markdown_table, questions_by_qid, resolve, summarize
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "data"
+
+
+def test_avg_at_k_by_hand():
+    scored = [
+        {"data_source": "aime", "qid": "q1", "score": 1.0, "timeout": False},
+        {"data_source": "aime", "qid": "q1", "score": 0.0, "timeout": True},
+        {"data_source": "aime", "qid": "q1", "score": 0.0, "timeout": False},
+        {"data_source": "aime", "qid": "q1", "score": 1.0, "timeout": False},
+        {"data_source": "aime", "qid": "q2", "score": 1.0, "timeout": False},
+        {"data_source": "gpqa", "qid": "g1", "score": 0.0, "timeout": False},
+    ]
+    summary = summarize(scored)
+    aime = summary["benchmarks"]["aime"]
+    # per-question means 0.5 and 1.0 -> 75 (a response-weighted mean would give 60)
+    assert aime == {"avg_at_k": 75.0, "questions": 2, "responses": 5, "k_min": 1, "k_max": 4, "timeouts": 1}
+    assert summary["benchmarks"]["gpqa"]["avg_at_k"] == 0.0
+    assert summary["in_distribution_avg"] == 75.0 and summary["ood_avg"] == 0.0 and summary["all_avg"] == 37.5
+    table = markdown_table(summary)
+    assert "| aime | 75.0 | 1-4 | 2 | 5 | 1 |" in table and "| gpqa | 0.0 | 1 | 1 | 1 | 0 |" in table
+
+
+def test_score_fixture_generations_end_to_end(tmp_path):
+    summary = evaluate.score_files([], [str(FIXTURES / "generations.jsonl")], str(tmp_path), workers=4)
+    # Q_AIME: 204 after </think> (1), 203 (0), no tag -> whole response 204 (1), answer only in thought (0)
+    assert summary["benchmarks"]["aime"]["avg_at_k"] == pytest.approx(75.0)
+    assert summary["benchmarks"]["gpqa"]["avg_at_k"] == pytest.approx(50.0)
+    assert summary["all_avg"] == pytest.approx(62.5)
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written == json.loads(json.dumps(summary))
+    assert (tmp_path / "results.md").read_text() == markdown_table(summary)
+    scores = [json.loads(line)["score"] for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
+    assert scores == [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+
+
+def test_generations_looked_up_from_benchmark_rows(tmp_path):
+    from data_preprocess import math_benchmarks
+    from data_preprocess.common import write_rows
+
+    rows = math_benchmarks.build(["aime24"], {"aime24": str(FIXTURES / "aime24.jsonl")}, repeats=2)
+    data = write_rows(rows, tmp_path / "aime.parquet")
+    q1, q2 = rows[0]["extra_info"]["qid"], rows[2]["extra_info"]["qid"]
+    gens = tmp_path / "gens.jsonl"
+    lines = [{"qid": q1, "response": "</think>\\boxed{204}"}, {"prompt_id": q1, "response": "</think>\\boxed{1}"},
+             {"qid": q2, "response": "</think>\\boxed{113}"}, {"qid": q2, "response": "</think>\\boxed{113}"}]
+    gens.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    summary = evaluate.score_files([str(data)], [str(gens)], str(tmp_path / "out"), workers=2)
+    assert summary["benchmarks"]["aime"]["avg_at_k"] == pytest.approx(75.0)
+    assert summary["benchmarks"]["aime"]["k_min"] == 2
+
+
+def test_bad_generation_lines_are_named():
+    questions = {"q": {"data_source": "math", "ground_truth": "1"}}
+    with pytest.raises(KeyError, match="generation 2: no 'qid'"):
+        resolve([{"qid": "q", "response": "x"}, {"response": "x"}], questions)
+    with pytest.raises(KeyError, match="generation 1: 'response' missing"):
+        resolve([{"qid": "q"}], questions)
+    with pytest.raises(KeyError, match="qid 'other' is not in --data"):
+        resolve([{"qid": "other", "response": "x"}], questions)
+    with pytest.raises(KeyError, match="data row 0: extra_info has no 'qid'"):
+        questions_by_qid([{"data_source": "math", "reward_model": {"ground_truth": "1"}, "extra_info": {}}])
+
+
+def test_invalid_jsonl_names_the_line(tmp_path):
+    path = tmp_path / "g.jsonl"
+    path.write_text('{"qid": "a", "response": "x"}\nnot json\n')
+    with pytest.raises(ValueError, match=r"g.jsonl:2: invalid JSON"):
+        evaluate.read_jsonl(path)
+
+
+def test_generate_without_vllm_stops_with_a_clear_message(tmp_path):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(SystemExit, match="needs vLLM on a GPU machine"):
+        evaluate.generate("model-dir", str(tmp_path / "data.parquet"), str(tmp_path / "out.jsonl"))
+
+
+def test_eval_script_guards(tmp_path):
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    script = REPO / "run_scripts" / "eval_benchmarks.sh"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    missing = subprocess.run(["bash", str(script), str(tmp_path / "no_such_ckpt")], capture_output=True, text=True,
+                             env=env)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    (tmp_path / "ckpt").mkdir()
+    no_data = subprocess.run(["bash", str(script), str(tmp_path / "ckpt")], capture_output=True, text=True,
+                             env={**env, "DATA_FILES": str(tmp_path / "absent.parquet")})
+    assert no_data.returncode == 2 and "absent.parquet' is missing" in no_data.stderr
+    data = tmp_path / "bench.parquet"
+    data.write_bytes(b"")
+    run = subprocess.run(["bash", str(script), str(tmp_path / "ckpt"), str(tmp_path / "out")], capture_output=True,
+                         text=True, env={**env, "DATA_FILES": str(data)})
+    # without vllm it stops before generating and points at the CPU scoring command
+    assert run.returncode == 3 and "vllm is not importable" in run.stderr and "exgrpo.evaluate score" in run.stderr
+    assert not (tmp_path / "out").exists()

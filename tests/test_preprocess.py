@@ -1,0 +1,283 @@
+"""Preprocessors on hand-written fixtures in every raw schema they accept; ids, system prompt, bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from data_preprocess import math_benchmarks, ood_benchmarks, openr1
+from data_preprocess.common import (
+    SYSTEM_PROMPT,
+    SYSTEM_PROMPT_SHA256,
+    clean_answer,
+    question_id,
+    read_local,
+    rows_from_processed,
+    write_rows,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "data"
+SPEC = REPO.parent / "shared" / "SPEC.md"
+
+
+def fixture(name: str) -> list[dict]:
+    return read_local(FIXTURES / name)
+
+
+def check_row_layout(row: dict) -> None:
+    assert set(row) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+    prompt = list(row["prompt"])
+    assert [turn["role"] for turn in prompt] == ["system", "user"]
+    assert prompt[0]["content"] == SYSTEM_PROMPT
+    assert row["reward_model"]["style"] == "rule" and row["reward_model"]["ground_truth"].strip()
+    assert set(row["extra_info"]) == {"index", "qid", "split", "repeat"}
+    assert row["extra_info"]["qid"] == question_id(row["data_source"], prompt[1]["content"])
+
+
+# ----------------------------------------------------------------------------------------------- system prompt, ids
+def test_system_prompt_hash():
+    assert hashlib.sha256(SYSTEM_PROMPT.encode("utf-8")).hexdigest() == SYSTEM_PROMPT_SHA256
+    assert SYSTEM_PROMPT.count("\n") == 3 and "\\boxed{}" in SYSTEM_PROMPT and "\b" not in SYSTEM_PROMPT
+
+
+def test_system_prompt_matches_spec_text():
+    """SPEC §3 writes the prompt as an escaped string wrapped over several lines: unescape and compare."""
+    if not SPEC.is_file():
+        pytest.skip(f"{SPEC} is absent")
+    text = SPEC.read_text(encoding="utf-8")
+    match = re.search(r'System prompt of the authors\' runs \(keep it byte-exact\):\s*\n\s*"(.*?)"\n- ', text, re.S)
+    assert match, "SPEC §3 prompt paragraph not found"
+    wrapped = re.sub(r"\s*\n\s*", " ", match.group(1))
+    unescaped = wrapped.replace('\\"', '"').replace("\\n", "\n")
+    assert unescaped == SYSTEM_PROMPT
+
+
+def test_system_prompt_matches_authors_files(shared_benchmarks):
+    for path in sorted(shared_benchmarks.glob("*.parquet")):
+        prompts = pd.read_parquet(path, columns=["prompt"])["prompt"]
+        assert {p[0]["content"] for p in prompts} == {SYSTEM_PROMPT}, path.name
+
+
+def test_question_id_is_stable_across_processes():
+    # literal value: the id must not change between versions, runs or machines (it keys the experience pool)
+    assert question_id("math", "What is $1+1$?") == "46a49ac536dcafc4"
+    assert question_id("math", "What is $1+1$?") != question_id("aime", "What is $1+1$?")
+    code = "from data_preprocess.common import question_id; print(question_id('math', 'What is $1+1$?'))"
+    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "46a49ac536dcafc4"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("5", "5"), (27.0, "27"), (0.25, "0.25"), (3, "3"), (["$8$"], "$8$"), (["$(1,2)$", "$(2,1)$"], "$(1,2)$, $(2,1)$"),
+     ("", None), ("  ", None), (None, None), ("proof", None), ("notfound", None), (float("nan"), None), ([], None)],
+)
+def test_clean_answer(value, expected):
+    assert clean_answer(value) == expected
+
+
+# ----------------------------------------------------------------------------------------------- openr1
+def test_openr1_46k_schema():
+    rows, counts = openr1.build_rows(fixture("openr1_46k.jsonl"))
+    assert counts["read"] == 4 and counts["written"] == 2
+    assert counts["dropped: no usable answer"] == 1 and counts["dropped: duplicate question"] == 1
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["5", "\\frac{5}{6}"]
+    assert [r["extra_info"]["index"] for r in rows] == [0, 1]
+    for row in rows:
+        check_row_layout(row)
+        assert row["data_source"] == "openr1" and row["extra_info"]["split"] == "train"
+    assert "REFERENCE" not in json.dumps(rows)  # no reference traces leak into RLVR rows
+
+
+def test_openr1_220k_raw_schema():
+    rows, counts = openr1.build_rows(fixture("openr1_220k.jsonl"))
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["56", "x=2 \\text{ or } x=-2", "81"]
+    assert counts["dropped: proof question"] == 1
+    assert counts["dropped: no usable answer"] == 2  # "notfound" and None
+    assert counts["dropped: empty question"] == 1
+    assert counts["dropped: duplicate question"] == 1
+    assert counts["duplicates with a different answer (first kept)"] == 1
+    assert "REFERENCE" not in json.dumps(rows)
+    for row in rows:
+        check_row_layout(row)
+
+
+def test_openr1_from_parquet_and_max_rows(tmp_path):
+    source = tmp_path / "raw.parquet"
+    pd.DataFrame(fixture("openr1_46k.jsonl")).to_parquet(source)  # nested columns come back as numpy arrays
+    rows, counts = openr1.build_rows(read_local(source), max_rows=1)
+    assert len(rows) == 1 and counts["dropped: over --max_rows"] == 1
+    assert rows[0]["prompt"][1]["content"] == "Find the sum of the roots of $x^2-5x+6=0$."
+
+
+def test_openr1_cli_writes_parquet_and_summary(tmp_path):
+    output = tmp_path / "train.parquet"
+    result = subprocess.run([sys.executable, str(REPO / "data_preprocess" / "openr1.py"), "--input",
+                             str(FIXTURES / "openr1_220k.jsonl"), "--output", str(output)],
+                            capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert "written: 3" in result.stdout and "dropped: proof question: 1" in result.stdout
+    frame = pd.read_parquet(output)
+    assert len(frame) == 3
+    first = frame.iloc[0]
+    assert first["prompt"][0]["content"] == SYSTEM_PROMPT
+    assert first["extra_info"]["qid"] == question_id("openr1", "What is $7 \\times 8$?")
+    # same input, second run: identical ids
+    again, _ = openr1.build_rows(fixture("openr1_220k.jsonl"))
+    assert [r["extra_info"]["qid"] for r in again] == [e["qid"] for e in frame["extra_info"]]
+
+
+def test_openr1_unknown_schema_names_row_and_fields():
+    with pytest.raises(KeyError, match=r"row 1: neither .*fields: \['foo'\]"):
+        openr1.build_rows([{"problem": "p", "answer": "1"}, {"foo": 1}])
+
+
+# ----------------------------------------------------------------------------------------------- math benchmarks
+@pytest.mark.parametrize(
+    ("name", "data_source", "answers", "repeats"),
+    [
+        ("aime24", "aime", ["204", "113"], 32),
+        ("aime25", "aime25", ["70"], 32),
+        ("amc23", "amc", ["27", "0.25"], 32),
+        ("math500", "math", ["\\left( 3, \\frac{\\pi}{2} \\right)", "\\sqrt{53}"], 1),
+        ("minerva", "minerva", ["0.49"], 1),
+        ("olympiadbench", "olympiad_bench", ["$8$", "$(1,2)$, $(2,1)$"], 1),
+    ],
+)
+def test_math_benchmark_schemas(name, data_source, answers, repeats):
+    rows = math_benchmarks.build([name], {name: str(FIXTURES / f"{name}.jsonl")})
+    assert len(rows) == len(answers) * repeats
+    assert [r["reward_model"]["ground_truth"] for r in rows[::repeats]] == answers
+    assert [r["extra_info"]["index"] for r in rows] == list(range(len(rows)))
+    for question in range(len(answers)):
+        block = rows[question * repeats:(question + 1) * repeats]
+        assert len({r["extra_info"]["qid"] for r in block}) == 1
+        assert [r["extra_info"]["repeat"] for r in block] == list(range(repeats))
+    assert len({r["extra_info"]["qid"] for r in rows}) == len(answers)
+    for row in rows:
+        check_row_layout(row)
+        assert row["data_source"] == data_source and row["extra_info"]["split"] == "test"
+
+
+def test_math_repeats_override_and_round_trip(tmp_path):
+    rows = math_benchmarks.build(["aime24", "minerva"], {"aime24": str(FIXTURES / "aime24.jsonl"),
+                                                         "minerva": str(FIXTURES / "minerva.jsonl")}, repeats=2)
+    assert len(rows) == 6
+    path = write_rows(rows, tmp_path / "bench.parquet")
+    back = pd.read_parquet(path).to_dict(orient="records")
+    assert [r["extra_info"]["qid"] for r in back] == [r["extra_info"]["qid"] for r in rows]
+    assert [list(r["prompt"])[1]["content"] for r in back] == [r["prompt"][1]["content"] for r in rows]
+
+
+def test_math_benchmark_missing_answer_is_an_error_naming_the_row():
+    with pytest.raises(ValueError, match="math500 row 1: no usable answer"):
+        math_benchmarks.convert("math500", [{"problem": "p", "answer": "1"}, {"problem": "q", "answer": ""}])
+    with pytest.raises(KeyError, match=r"minerva row 0: none of the fields"):
+        math_benchmarks.convert("minerva", [{"prompt": "p", "answer": "1"}])
+    with pytest.raises(ValueError, match="--local expects NAME=PATH"):
+        math_benchmarks.parse_local(["nonsense=x.jsonl"])
+
+
+def test_math_cli_from_processed_fixture(tmp_path):
+    output = tmp_path / "math.parquet"
+    assert math_benchmarks.main(["--processed", str(FIXTURES / "processed_math.jsonl"), "--output", str(output)]) == 0
+    frame = pd.read_parquet(output)
+    assert list(frame["data_source"]) == ["aime", "aime", "math"]
+    qids = [e["qid"] for e in frame["extra_info"]]
+    assert qids[0] == qids[1] != qids[2]
+    assert [e["repeat"] for e in frame["extra_info"]] == [0, 1, 0]
+    assert all(p[0]["content"] == SYSTEM_PROMPT for p in frame["prompt"])  # their placeholder prompt replaced
+
+
+# ----------------------------------------------------------------------------------------------- OOD benchmarks
+def parse_options(user_text: str) -> dict[str, str]:
+    return dict(re.findall(r"^([A-J])\) (.*)$", user_text, re.M))
+
+
+def test_arc_schema_letters_and_numeric_labels():
+    rows = ood_benchmarks.build(["arc_c"], {"arc_c": str(FIXTURES / "arc_c.jsonl")})
+    raw = fixture("arc_c.jsonl")
+    for row, record in zip(rows, raw, strict=True):
+        check_row_layout(row)
+        options = parse_options(row["prompt"][1]["content"])
+        correct = record["choices"]["text"][record["choices"]["label"].index(record["answerKey"])]
+        assert options[row["reward_model"]["ground_truth"]] == correct
+        assert row["prompt"][1]["content"].startswith(record["question"] + "\n\nA) ")
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["C", "A"]  # label "1" became letter A
+
+
+def test_gpqa_shuffle_is_deterministic_and_correct_answer_moves():
+    raw = fixture("gpqa.jsonl")
+    rows = ood_benchmarks.convert("gpqa", raw, seed=0)
+    letters = [r["reward_model"]["ground_truth"] for r in rows]
+    assert len(set(letters)) > 1, "GPQA's correct answer must not always be the same option"
+    for row, record in zip(rows, raw, strict=True):
+        text = row["prompt"][1]["content"]
+        assert text.startswith("Answer the following multiple choice question.") and "one of ABCD" in text
+        options = parse_options(text)
+        assert sorted(options) == ["A", "B", "C", "D"]
+        assert options[row["reward_model"]["ground_truth"]] == record["Correct Answer"]
+        assert sorted(options.values()) == sorted([record["Correct Answer"]] + [record[f"Incorrect Answer {i}"]
+                                                                              for i in (1, 2, 3)])
+    assert ood_benchmarks.convert("gpqa", raw, seed=0) == rows
+    assert ood_benchmarks.convert("gpqa", list(reversed(raw)), seed=0) == list(reversed(rows))  # order-independent
+    other = ood_benchmarks.convert("gpqa", raw, seed=1)
+    assert [r["prompt"][1]["content"] for r in other] != [r["prompt"][1]["content"] for r in rows]
+
+
+def test_mmlu_pro_schema_answer_and_answer_index():
+    rows = ood_benchmarks.convert("mmlu_pro", fixture("mmlu_pro.jsonl"))
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["B", "C"]
+    options = parse_options(rows[0]["prompt"][1]["content"])
+    assert len(options) == 10 and options["B"] == "Unsafe practices" and options["J"] == "Hope"
+    shuffled = ood_benchmarks.convert("mmlu_pro", fixture("mmlu_pro.jsonl"), shuffle=True, seed=3)
+    for row in shuffled:
+        assert parse_options(row["prompt"][1]["content"])[row["reward_model"]["ground_truth"]] in {
+            "Unsafe practices", "7"}
+
+
+def test_ood_bad_input_names_the_row():
+    record = fixture("arc_c.jsonl")[0] | {"answerKey": "Z"}
+    with pytest.raises(ValueError, match="arc_c row 0: answerKey 'Z'"):
+        ood_benchmarks.convert("arc_c", [record])
+    with pytest.raises(KeyError, match="gpqa row 0: none of the fields"):
+        ood_benchmarks.convert("gpqa", [{"Question": "q"}])
+    with pytest.raises(ValueError, match="mmlu_pro row 0: answer 'K'"):
+        ood_benchmarks.convert("mmlu_pro", [{"question": "q", "options": ["a", "b"], "answer": "K"}])
+
+
+def test_ood_cli(tmp_path):
+    output = tmp_path / "ood.parquet"
+    argv = ["--local", f"arc_c={FIXTURES / 'arc_c.jsonl'}", f"gpqa={FIXTURES / 'gpqa.jsonl'}",
+            f"mmlu_pro={FIXTURES / 'mmlu_pro.jsonl'}", "--output", str(output)]
+    assert ood_benchmarks.main(argv) == 0
+    frame = pd.read_parquet(output)
+    assert list(frame["data_source"]) == ["arc_c"] * 2 + ["gpqa"] * 8 + ["mmlu_pro"] * 2
+    assert [e["index"] for e in frame["extra_info"]] == list(range(12))
+
+
+# ----------------------------------------------------------------------------------------------- authors' files
+def test_import_authors_processed_files(shared_benchmarks):
+    expected = {"math_test.parquet": {"aime": (960, 30), "aime25": (960, 30), "amc": (2656, 83), "math": (500, 500),
+                                      "minerva": (272, 272), "olympiad_bench": (675, 675)},
+                "arc_c_test.parquet": {"arc_c": (1172, 1172)}, "gpqa_diamond_test.parquet": {"gpqa": (198, 198)}}
+    for name, per_source in expected.items():
+        records = read_local(shared_benchmarks / name)
+        rows, counts = rows_from_processed(records, source_name=name)
+        assert counts == {"rows": len(records), "other_system_prompt": 0}
+        for source, (n_rows, n_questions) in per_source.items():
+            mine = [r for r in rows if r["data_source"] == source]
+            assert len(mine) == n_rows and len({r["extra_info"]["qid"] for r in mine}) == n_questions, source
+        for row, record in zip(rows, records, strict=True):
+            assert row["prompt"][1]["content"] == record["prompt"][1]["content"]
+            assert row["reward_model"]["ground_truth"] == record["reward_model"]["ground_truth"].strip()
+        check_row_layout(rows[0])
