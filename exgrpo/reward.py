@@ -212,6 +212,9 @@ class _Worker:
         )
         self.buffer = bytearray()
         self.ready = False
+        # poll, not select: select fails on descriptors >= 1024, common in Ray workers with many sockets
+        self.poller = select.poll()
+        self.poller.register(self.proc.stdout.fileno(), select.POLLIN)
 
     def read_line(self, deadline: float) -> bytes | None:
         """One protocol line, or None when the deadline passes or the worker dies."""
@@ -225,9 +228,8 @@ class _Worker:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if not readable:
-                return None
+            if not self.poller.poll(max(1, int(remaining * 1000))):
+                continue  # re-check the deadline (poll rounds to milliseconds)
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 return None
@@ -412,6 +414,8 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
         queue_timeout_s = float(kwargs.get("queue_timeout_s", DEFAULT_QUEUE_TIMEOUT_S))
         if not isinstance(solution_str, str):
             return _result(error=f"solution_str is {type(solution_str).__name__}, not str")
+        if hasattr(ground_truth, "tolist") and not isinstance(ground_truth, str):  # numpy scalar or array
+            ground_truth = ground_truth.tolist()
         if isinstance(ground_truth, (list, tuple)) and len(ground_truth) == 1:
             ground_truth = ground_truth[0]
         if ground_truth is None or (isinstance(ground_truth, str) and not ground_truth.strip()):

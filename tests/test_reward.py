@@ -278,3 +278,25 @@ def test_loads_through_verl_loader():
 def test_pool_rejects_nonpositive_size():
     with pytest.raises(ValueError, match="max_workers"):
         reward.VerifierPool(0)
+
+
+def test_worker_pipes_above_descriptor_1024():
+    """Ray workers hold many sockets; select() cannot watch descriptors >= 1024, so the pool must not use it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1300:
+        if hard != resource.RLIM_INFINITY and hard < 1300:
+            pytest.skip(f"file descriptor limit {hard} too low")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1300, hard))
+    fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    pool = reward.VerifierPool(1)
+    try:
+        result = pool.grade("\\frac{1}{2}", "</think>\\boxed{0.5}", timeout_s=30, queue_timeout_s=60)
+        assert pool._idle[0].proc.stdout.fileno() >= 1024
+        assert result["score"] == 1.0, result
+    finally:
+        pool.close()
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
