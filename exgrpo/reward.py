@@ -34,10 +34,22 @@ import time
 from typing import Any
 
 THINK_END_TAG = "</think>"
-DEFAULT_TIMEOUT_S = float(os.environ.get("EXGRPO_REWARD_TIMEOUT_S", "10"))
-DEFAULT_QUEUE_TIMEOUT_S = float(os.environ.get("EXGRPO_REWARD_QUEUE_TIMEOUT_S", "120"))
-DEFAULT_WORKERS = int(os.environ.get("EXGRPO_REWARD_WORKERS", str(min(8, os.cpu_count() or 1))))
-DEFAULT_WORKER_MEM_MB = int(os.environ.get("EXGRPO_REWARD_MEM_MB", "4096"))
+
+
+def _env_number(name: str, default: float, cast: type = float) -> Any:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return cast(default)
+    try:
+        return cast(raw)
+    except ValueError as exc:
+        raise ValueError(f"environment variable {name}={raw!r} is not a valid {cast.__name__}") from exc
+
+
+DEFAULT_TIMEOUT_S = _env_number("EXGRPO_REWARD_TIMEOUT_S", 10.0)
+DEFAULT_QUEUE_TIMEOUT_S = _env_number("EXGRPO_REWARD_QUEUE_TIMEOUT_S", 120.0)
+DEFAULT_WORKERS = _env_number("EXGRPO_REWARD_WORKERS", min(8, os.cpu_count() or 1), int)
+DEFAULT_WORKER_MEM_MB = _env_number("EXGRPO_REWARD_MEM_MB", 4096, int)
 PRED_CHARS = 200  # diagnostic "pred" is clipped: it ends up in verl's per-sample metrics arrays
 
 # Multiple-choice benchmarks, by normalised data_source prefix. Everything else is graded as math.
@@ -146,7 +158,7 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process (exercise
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-    mem_mb = int(os.environ.get("EXGRPO_REWARD_MEM_MB", str(DEFAULT_WORKER_MEM_MB)))
+    mem_mb = DEFAULT_WORKER_MEM_MB
     if mem_mb > 0:
         try:
             import resource
@@ -286,7 +298,7 @@ class VerifierPool:
                         return None
         try:
             return _Worker()
-        except OSError:
+        except Exception:  # noqa: BLE001 - cannot start a process: report "no worker", keep the count right
             with self._cond:
                 self._alive -= 1
                 self._cond.notify()
@@ -298,7 +310,7 @@ class VerifierPool:
             self.restarts += 1
             try:  # start the replacement now: it imports math-verify while nobody waits for it
                 worker = _Worker()
-            except OSError:
+            except Exception:  # noqa: BLE001
                 worker = None
         with self._cond:
             if worker is not None and not self._closed:

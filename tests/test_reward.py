@@ -300,3 +300,14 @@ def test_worker_pipes_above_descriptor_1024():
         for fd in fillers:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_worker_that_cannot_start_gives_a_zero_not_a_hang(monkeypatch):
+    # a worker that exits before reporting ready (say math-verify is missing in the worker's environment)
+    monkeypatch.setattr(reward, "_WORKER_BOOT", "import sys; sys.exit(3)")
+    pool = reward.VerifierPool(1)
+    try:
+        result = pool.grade("1", "\\boxed{1}", timeout_s=LIMIT_S, queue_timeout_s=60)
+    finally:
+        pool.close()
+    assert result["score"] == 0.0 and result["error"] == "verifier worker failed to start"
