@@ -16,7 +16,7 @@ Knobs (keyword arguments, e.g. verl's ``reward.custom_reward_function.reward_kwa
 default 120 s), ``think_end_tag`` (default ``</think>``; ``None`` or ``""`` scores the whole response),
 ``strict_format`` (default False: a response without the tag scores 0 instead of being scored whole),
 ``EXGRPO_REWARD_WORKERS`` (pool size, default min(8, CPU count)), ``EXGRPO_REWARD_MEM_MB`` (address-space cap
-of each worker, default 4096).
+of each worker, default 4096), ``EXGRPO_REWARD_MAX_CALLS`` (calls before a worker is recycled, default 20000).
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ DEFAULT_TIMEOUT_S = _env_number("EXGRPO_REWARD_TIMEOUT_S", 10.0)
 DEFAULT_QUEUE_TIMEOUT_S = _env_number("EXGRPO_REWARD_QUEUE_TIMEOUT_S", 120.0)
 DEFAULT_WORKERS = _env_number("EXGRPO_REWARD_WORKERS", min(8, os.cpu_count() or 1), int)
 DEFAULT_WORKER_MEM_MB = _env_number("EXGRPO_REWARD_MEM_MB", 4096, int)
+# A worker is replaced after this many calls: sympy/math-verify caches only grow during a week-long run.
+DEFAULT_WORKER_MAX_CALLS = _env_number("EXGRPO_REWARD_MAX_CALLS", 20000, int)
 PRED_CHARS = 200  # diagnostic "pred" is clipped: it ends up in verl's per-sample metrics arrays
 
 # Multiple-choice benchmarks, by normalised data_source prefix. Everything else is graded as math.
@@ -224,6 +226,7 @@ class _Worker:
         )
         self.buffer = bytearray()
         self.ready = False
+        self.calls = 0
         # poll, not select: select fails on descriptors >= 1024, common in Ray workers with many sockets
         self.poller = select.poll()
         self.poller.register(self.proc.stdout.fileno(), select.POLLIN)
@@ -270,10 +273,14 @@ class VerifierPool:
     timeout or crash, and exit on their own when this process dies (their stdin closes).
     """
 
-    def __init__(self, max_workers: int = DEFAULT_WORKERS) -> None:
+    def __init__(self, max_workers: int = DEFAULT_WORKERS, max_calls_per_worker: int = DEFAULT_WORKER_MAX_CALLS
+                 ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        if max_calls_per_worker < 1:
+            raise ValueError(f"max_calls_per_worker must be >= 1, got {max_calls_per_worker}")
         self.max_workers = max_workers
+        self.max_calls_per_worker = max_calls_per_worker
         self.pid = os.getpid()
         self._idle: list[_Worker] = []
         self._alive = 0
@@ -305,9 +312,11 @@ class VerifierPool:
             return None
 
     def _release(self, worker: _Worker, healthy: bool) -> None:
-        if not healthy:
+        worker.calls += 1
+        retire = healthy and worker.calls >= self.max_calls_per_worker
+        if not healthy or retire:
             worker.kill()
-            self.restarts += 1
+            self.restarts += int(not healthy)
             try:  # start the replacement now: it imports math-verify while nobody waits for it
                 worker = _Worker()
             except Exception:  # noqa: BLE001

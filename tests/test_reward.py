@@ -311,3 +311,18 @@ def test_worker_that_cannot_start_gives_a_zero_not_a_hang(monkeypatch):
     finally:
         pool.close()
     assert result["score"] == 0.0 and result["error"] == "verifier worker failed to start"
+
+
+def test_worker_recycled_after_max_calls():
+    pool = reward.VerifierPool(1, max_calls_per_worker=2)
+    try:
+        scores, pids = [], []
+        for k in range(5):
+            scores.append(pool.grade(str(k), f"\\boxed{{{k}}}", timeout_s=30, queue_timeout_s=60)["score"])
+            pids.append(pool._idle[0].proc.pid)
+        assert scores == [1.0] * 5
+        # the pid seen after a call is the worker that will serve the next one: new after calls 2 and 4
+        assert pids[0] != pids[1] == pids[2] != pids[3] == pids[4]
+        assert pool.restarts == 0  # recycling is not a failure
+    finally:
+        pool.close()
