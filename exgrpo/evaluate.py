@@ -216,13 +216,14 @@ def self_check(rows: Sequence[Mapping[str, Any]], *, workers: int = 8, **reward_
 
     Catches ground truths the verifier cannot parse and answer formats it mishandles before they silently
     zero a benchmark. Repeats of a question (same data_source, question and answer) are graded once and
-    counted for every row they stand for. Returns counts and one entry per failure with its reason.
+    counted for every row they stand for. Returns counts and one entry per failure with its reason and the
+    0-based positions of the rows it stands for.
     """
     unique: dict[tuple[str, str, str], list[int]] = {}
     for position, row in enumerate(rows):
         question = row["prompt"][-1]["content"] if not isinstance(row["prompt"], str) else row["prompt"]
         key = (str(row["data_source"]), str(question), str(row["reward_model"]["ground_truth"]))
-        unique.setdefault(key, []).append(int((row.get("extra_info") or {}).get("index", position)))
+        unique.setdefault(key, []).append(position)  # position in ``rows`` (the authors' index restarts per source)
     keys = list(unique)
     items = []
     for data_source, _question, gold in keys:
