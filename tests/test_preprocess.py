@@ -281,3 +281,21 @@ def test_import_authors_processed_files(shared_benchmarks):
             assert row["prompt"][1]["content"] == record["prompt"][1]["content"]
             assert row["reward_model"]["ground_truth"] == record["reward_model"]["ground_truth"].strip()
         check_row_layout(rows[0])
+
+
+def test_hub_route_passes_config_and_split(monkeypatch):
+    """No hub here: a stand-in load_dataset records the call and serves the fixture rows."""
+    datasets = pytest.importorskip("datasets")
+    calls = []
+
+    def fake_load_dataset(path, name=None, split=None):
+        calls.append((path, name, split))
+        return fixture("arc_c.jsonl") if path == "allenai/ai2_arc" else fixture("aime24.jsonl")
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    ood_rows = ood_benchmarks.build(["arc_c"])
+    math_rows = math_benchmarks.build(["aime24"], repeats=1)
+    train_rows, _ = openr1.build_rows(openr1.load_records("Elliott/Openr1-Math-46k-8192"))
+    assert calls == [("allenai/ai2_arc", "ARC-Challenge", "test"), ("HuggingFaceH4/aime_2024", None, "train"),
+                     ("Elliott/Openr1-Math-46k-8192", None, "train")]
+    assert len(ood_rows) == 2 and len(math_rows) == 2 and len(train_rows) == 2
