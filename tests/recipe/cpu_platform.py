@@ -24,6 +24,8 @@ class _CPUDeviceModule:
             return getattr(torch.cpu, name)
         if name.startswith(("memory_", "max_memory_", "reset_")) or name in ("empty_cache", "ipc_collect"):
             return lambda *args, **kwargs: 0
+        if name == "get_device_name":
+            return lambda *args, **kwargs: "CPU"
         if name == "mem_get_info":
             return lambda *args, **kwargs: (0, 0)
         raise AttributeError(f"CPU test device module has no attribute {name!r}")

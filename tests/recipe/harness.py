@@ -1,0 +1,231 @@
+"""Test-only: a real ExGRPOTrainer driven on CPU with a local TransferQueue and an in-process FSDP2 worker.
+
+Only what needs a GPU is replaced: the rollout engine (a deterministic scripted "policy" that writes records
+with exactly the fields verl's single-turn agent loop writes, ``agent_loop_tq._agent_loop_postprocess``), the
+Ray worker group (calls go to an in-process ExGRPO worker, through the same TransferQueue bridge), and the
+reward workers (the same rule, behind the ``compute_score.remote`` interface). Everything else, the V1
+sampler, balancing, old log-probs, GRPO advantage, actor update, is verl's own code.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import ray
+import torch
+import transfer_queue as tq
+from tensordict import NonTensorData, NonTensorStack
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+from recipe.exgrpo.trainer import ExGRPOTrainer
+
+ANSWERS = ["12", "7", "30", "4", "15", "9", "21", "6"]
+
+
+def write_dataset(folder: Path) -> tuple[Path, Path]:
+    rows = []
+    for i, answer in enumerate(ANSWERS):
+        rows.append(
+            {
+                "data_source": "toy",
+                "prompt": [{"role": "user", "content": f"q{i}?"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": answer},
+                "extra_info": {"qid": f"q{i}", "index": i},
+            }
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    train, val = folder / "train.parquet", folder / "val.parquet"
+    pd.DataFrame(rows).to_parquet(train)
+    pd.DataFrame(rows[:2]).to_parquet(val)
+    return train, val
+
+
+class ScriptedPolicy:
+    """Which sessions of which question answer correctly; responses differ per step and session."""
+
+    def __init__(self, tokenizer, correct: dict[str, set[int]]) -> None:
+        self.tokenizer = tokenizer
+        self.correct = correct
+        self.step = 1
+        self.fail_sessions: set[tuple[str, int]] = set()  # (qid, session) whose agent loop raises
+
+    def response_ids(self, qid: str, answer: str, session: int) -> list[int]:
+        text = answer if session in self.correct.get(qid, set()) else "x"
+        text += "ab"[session % 2] * (self.step + session)  # letters: the answer is the leading digits
+        return self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+
+
+def reward_of(tokenizer, response_ids, ground_truth: str) -> float:
+    text = tokenizer.decode(list(response_ids), skip_special_tokens=True)
+    leading = re.match(r"\d*", text).group(0)
+    return 1.0 if leading == ground_truth else 0.0
+
+
+class ScriptedAgentLoopManager:
+    """Writes K (or ``__rollout_n__``) trajectory records per prompt into TransferQueue, like verl's loop."""
+
+    def __init__(self, policy: ScriptedPolicy) -> None:
+        self.policy = policy
+        self.submitted: list[dict] = []
+
+    def generate_sequences(self, batch) -> None:
+        tokenizer = self.policy.tokenizer
+        for i in range(len(batch)):
+            prompt = {}
+            for key, value in batch.items():
+                if isinstance(value, torch.Tensor):
+                    prompt[key] = value[i]
+                elif isinstance(value, NonTensorStack):
+                    prompt[key] = value[i].data
+                elif isinstance(value, NonTensorData):
+                    prompt[key] = value.data
+            n = prompt.pop("__rollout_n__", 4)
+            self.submitted.append({"qid": prompt["extra_info"]["qid"], "n": n, "uid": prompt["uid"]})
+            uid = prompt["uid"]
+            text = tokenizer.apply_chat_template(list(prompt["raw_prompt"]), add_generation_prompt=True, tokenize=False)
+            prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+            keys, fields, tags, failed = [], [], [], False
+            for session in range(n):
+                qid = prompt["extra_info"]["qid"]
+                if (qid, session) in self.policy.fail_sessions:
+                    failed = True
+                    continue
+                gt = prompt["reward_model"]["ground_truth"]
+                response = self.policy.response_ids(qid, gt, session)
+                reward = reward_of(tokenizer, response, gt)
+                prompts = torch.tensor(prompt_ids, dtype=torch.int64)
+                responses = torch.tensor(response, dtype=torch.int64)
+                rm_scores = torch.zeros(len(response), dtype=torch.float32)
+                rm_scores[-1] = reward
+                step = int(prompt["global_steps"])
+                field = {
+                    "prompts": prompts,
+                    "responses": responses,
+                    "response_mask": torch.ones(len(response), dtype=torch.int64),
+                    "rollout_log_probs": torch.full((len(response),), -1.0),
+                    "rm_scores": rm_scores,
+                    "num_turns": 2,
+                    "metrics": {"generate_sequences": 0.0, "tool_calls": 0.0, "compute_score": 0.0,
+                                "num_preempted": -1},
+                    "extra_fields": {"reward_extra_info": {"acc": reward}, "min_global_steps": step,
+                                     "max_global_steps": step},
+                }
+                field.update(prompt)
+                field["session_id"] = session
+                field["loss_mask"] = field["response_mask"]
+                field["input_ids"] = torch.cat([prompts, responses])
+                field["position_ids"] = torch.arange(len(prompt_ids) + len(response))
+                field["multi_modal_inputs"] = {}
+                keys.append(f"{uid}_{session}_0")
+                fields.append(field)
+                tags.append({"status": "success", "prompt_len": len(prompt_ids), "response_len": len(response),
+                             "seq_len": len(prompt_ids) + len(response), "global_steps": step,
+                             "min_global_steps": step, "max_global_steps": step})
+            if keys:
+                tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
+            tq.kv_put(key=uid, partition_id="train", tag={"status": "failure" if failed else "finished"})
+
+
+class ForwardingWorkerGroup:
+    """Stands in for the Ray worker group of one actor rank: calls the in-process worker with the same
+    KVBatchMeta (the worker's TransferQueue bridge fetches the fields and writes its output back)."""
+
+    def __init__(self, worker) -> None:
+        self.worker = worker
+        self._dispatch_info = {"actor": [0]}
+        self.calls: list[str] = []
+
+    def _query_dispatch_info(self, mesh: str):
+        return [0]
+
+    def compute_log_prob(self, meta):
+        self.calls.append("compute_log_prob")
+        return self.worker.compute_log_prob(meta)
+
+    def score_candidates(self, meta):
+        self.calls.append("score_candidates")
+        return self.worker.score_candidates(meta)
+
+    def update_actor(self, meta):
+        self.calls.append("update_actor")
+        return self.worker.update_actor(meta)
+
+    def save_checkpoint(self, local_path, *args, **kwargs):
+        Path(local_path).mkdir(parents=True, exist_ok=True)
+        (Path(local_path) / "weights.txt").write_text("actor")
+
+    def load_checkpoint(self, local_path, *args, **kwargs):
+        assert (Path(local_path) / "weights.txt").is_file()
+
+
+class ScriptedRewardHandle:
+    """``handle.compute_score.remote(DataProto)`` -> ObjectRef of {"reward_score", "reward_extra_info"}."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.calls = 0
+        outer = self
+
+        class _Method:
+            def remote(self, data):
+                outer.calls += 1
+                responses = data.batch["responses"][0].tolist()
+                gt = data.non_tensor_batch["reward_model"][0]["ground_truth"]
+                score = reward_of(outer.tokenizer, responses, gt)
+                return ray.put({"reward_score": score, "reward_extra_info": {"acc": score}})
+
+        self.compute_score = _Method()
+
+
+class _RewardManager:
+    def __init__(self, handles) -> None:
+        self.reward_loop_worker_handles = handles
+
+
+class _CheckpointEngine:
+    def sleep_replicas(self):
+        return None
+
+    def update_weights(self, step):
+        return None
+
+
+def build_trainer(config, worker, correct: dict[str, set[int]]) -> tuple[ExGRPOTrainer, ScriptedPolicy]:
+    trainer = ExGRPOTrainer(config)
+    trainer._init_tokenizer()
+    trainer._init_dataloader()
+    policy = ScriptedPolicy(trainer.tokenizer, correct)
+    trainer.agent_loop_manager = ScriptedAgentLoopManager(policy)
+    trainer.actor_rollout_wg = ForwardingWorkerGroup(worker)
+    trainer.reward_loop_manager = _RewardManager([ScriptedRewardHandle(trainer.tokenizer)])
+    trainer.checkpoint_manager = _CheckpointEngine()
+    trainer.curr_step_profile = False
+    trainer.global_steps = 1
+    return trainer, policy
+
+
+def run_step(trainer, metrics: dict | None = None):
+    """prepare_step + _step_once for the current global step; returns the batch meta and the metrics."""
+    metrics = {} if metrics is None else metrics
+    metrics.update(trainer.prepare_step())
+    batch = trainer._step_once(metrics, {}, trainer.config.data.train_batch_size)
+    return batch, metrics
+
+
+def finish_step(trainer, batch) -> None:
+    """What fit() does after the step: clear the step's data, advance the step counter."""
+    tq.kv_clear(keys=batch.keys, partition_id=batch.partition_id)
+    trainer.global_steps += 1
+    trainer.agent_loop_manager.policy.step += 1
+
+
+def first_token_values(nested_tensor) -> list[float]:
+    return [float(t[0]) for t in nested_tensor.unbind()]
+
+
+def as_numpy_rows(nested_tensor) -> list[np.ndarray]:
+    return [t.numpy() for t in nested_tensor.unbind()]

@@ -1,0 +1,209 @@
+"""The ExGRPO trainer's step against a real local Ray + TransferQueue and the real FSDP2 worker (CPU).
+
+Two steps of a real ``ExGRPOTrainer``: step 1 is all fresh, latches replay on and fills the pool; step 2
+replays two questions (K - 1 sessions each) and inserts their lowest-entropy stored trajectory. Checked:
+the prompts submitted, every field of a live record on the inserted ones, GRPO advantages over the mixed
+groups, ExGRPO fields on every key including balance padding, the pool learning from fresh rollouts only
+(with the exact token ids and behaviour log-probs), and the checkpoint round trip of the pool.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("verl")
+
+import torch  # noqa: E402
+from conftest import CPU_ENGINE_OVERRIDES, compose_config  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+K = 4
+# Scripted correctness: q0 2/4, q1 1/4, q2 4/4 (retires), q3 0/4; later questions mixed.
+CORRECT = {"q0": {0, 1}, "q1": {1}, "q2": {0, 1, 2, 3}, "q3": set(), "q4": {0, 2}, "q5": {3}}
+
+
+@pytest.fixture(scope="module")
+def harness(tq_cluster, actor_worker, tiny_model_dir, tmp_path_factory):
+    import harness as h
+
+    data_dir = tmp_path_factory.mktemp("data")
+    train, val = h.write_dataset(data_dir)
+    ckpt_dir = tmp_path_factory.mktemp("ckpt")
+    config = compose_config(
+        [
+            f"actor_rollout_ref.model.path={tiny_model_dir}", f"actor_rollout_ref.rollout.n={K}",
+            "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            f"data.train_files={train}", f"data.val_files={val}", "data.shuffle=false",
+            "data.dataloader_num_workers=0", "data.max_prompt_length=64", "data.max_response_length=64",
+            "exgrpo.start_acc=0.3", "exgrpo.rho=0.5", "actor_rollout_ref.actor.optim.lr=1e-3",
+            f"trainer.default_local_dir={ckpt_dir}", "trainer.save_freq=1",
+            *CPU_ENGINE_OVERRIDES,
+        ]
+    )
+    trainer, policy = h.build_trainer(config, actor_worker, CORRECT)
+    return h, trainer, policy, ckpt_dir
+
+
+def fetch(tq, keys, fields=None):
+    return tq.kv_batch_get(keys=list(keys), partition_id="train", select_fields=fields)
+
+
+def reference_entropies(worker, tiny_model_dir, prompt_ids, candidates):
+    from test_engine_cpu import reference_model, reference_response_outputs
+
+    model = reference_model(worker.actor.engine, tiny_model_dir)
+    with torch.no_grad():
+        _, ent = reference_response_outputs(model, [(list(prompt_ids), c.token_ids.tolist()) for c in candidates])
+    return [float(e.mean()) for e in ent]
+
+
+def test_two_steps_fresh_then_replay_with_real_tq_and_engine(harness, tq_cluster, actor_worker, tiny_model_dir):
+    from exgrpo.advantage import grpo_advantages
+    from recipe.exgrpo.records import IS_REPLAY_FIELD, PAST_LOG_PROBS_FIELD, final_outputs
+
+    h, trainer, policy, _ = harness
+    tq = tq_cluster
+
+    # ---------------- step 1: all fresh, K sessions each, the latch turns on (7/16 > 0.3)
+    batch, metrics = h.run_step(trainer)
+    assert [(s["qid"], s["n"]) for s in trainer.agent_loop_manager.submitted] == [(f"q{i}", K) for i in range(4)]
+    assert len(batch) == 16 and metrics["exgrpo/replay_questions"] == 0.0
+    assert metrics["exgrpo/fresh_acc"] == pytest.approx(7 / 16) and metrics["exgrpo/latch"] == 1.0
+    data = fetch(tq, batch.keys, ["uid", "responses", "old_log_probs", "rm_scores", IS_REPLAY_FIELD])
+    assert data[IS_REPLAY_FIELD].tolist() == [0] * 16
+    pool = trainer.pool
+    assert pool.active and len(pool) == 2 and pool.is_retired("q2") and "q3" not in pool
+    assert pool.accuracy("q0") == 0.5 and pool.accuracy("q1") == 0.25
+    # The stored trajectories are exactly the successful responses (EOS included) and their old log-probs.
+    uid_of = {s["qid"]: s["uid"] for s in trainer.agent_loop_manager.submitted}
+    row_of = {key: i for i, key in enumerate(batch.keys)}
+    for qid, sessions in (("q0", [0, 1]), ("q1", [1])):
+        stored = pool.candidates(qid)
+        rows = [row_of[f"{uid_of[qid]}_{s}_0"] for s in sessions]
+        assert [t.token_ids.tolist() for t in stored] == [data["responses"][r].tolist() for r in rows]
+        for t, r in zip(stored, rows, strict=True):
+            assert t.token_ids[-1] == trainer.tokenizer.eos_token_id and t.step == 1
+            np.testing.assert_allclose(t.log_probs, data["old_log_probs"][r].numpy(), rtol=0, atol=0)
+    assert "update_actor" in trainer.actor_rollout_wg.calls
+
+    # Checkpoint after step 1: pool first, then the parent's files and the tracker.
+    trainer._save_checkpoint()
+    step_dir = harness[3] / "global_step_1"
+    assert (step_dir / "exgrpo_pool.npz").is_file() and (step_dir / "data.pt").is_file()
+    assert (harness[3] / "latest_checkpointed_iteration.txt").read_text() == "1"
+    saved_state = pool.state_dict()
+    q0_prompt = fetch(tq, [f"{uid_of['q0']}_0_0"], ["prompts"])["prompts"][0].tolist()
+
+    h.finish_step(trainer, batch)
+
+    # ---------------- step 2: replay q0 and q1 (K - 1 sessions), fresh q4 and q5; q4's session 1 fails
+    policy.fail_sessions = {("q4", 1)}
+    submitted_before = len(trainer.agent_loop_manager.submitted)
+    q0_candidates = pool.candidates("q0")
+    # Independent expectation: mean entropies under the weights the insertion will see (after step 1's update).
+    expected_entropy = reference_entropies(actor_worker, tiny_model_dir, q0_prompt, q0_candidates)
+    assert abs(expected_entropy[0] - expected_entropy[1]) > 1e-3  # the choice is not a tie
+    lowest = q0_candidates[int(np.argmin(expected_entropy))].token_ids.tolist()
+    batch, metrics = h.run_step(trainer)
+    submitted = trainer.agent_loop_manager.submitted[submitted_before:]
+    assert sorted((s["qid"], s["n"]) for s in submitted) == [("q0", K - 1), ("q1", K - 1), ("q4", K), ("q5", K)]
+    assert metrics["exgrpo/replay_questions"] == 2.0 and metrics["exgrpo/inserted"] == 2.0
+    uid_of = {s["qid"]: s["uid"] for s in submitted}
+    inserted = {qid: f"{uid_of[qid]}_{K - 1}_0" for qid in ("q0", "q1")}
+    assert all(key in batch.keys for key in inserted.values())
+
+    # Every field of a live record is on the inserted ones (a field missing on any key would vanish here).
+    live_key = f"{uid_of['q0']}_0_0"
+    live_fields = set(fetch(tq, [live_key]).keys())
+    both = fetch(tq, [live_key, inserted["q0"]])
+    assert live_fields <= set(both.keys())
+
+    # The inserted trajectory is the stored one with the lowest mean entropy under the policy at insertion.
+    prompt_ids = both["prompts"][0].tolist()
+    assert both["prompts"][1].tolist() == prompt_ids
+    assert both["responses"][1].tolist() == lowest
+    assert metrics["exgrpo/selected_entropy_mean"] == pytest.approx(min(expected_entropy), rel=1e-4)
+    assert metrics["exgrpo/candidates_per_replay"] == pytest.approx(1.5)  # q0 has 2, q1 has 1
+    assert trainer.actor_rollout_wg.calls.count("score_candidates") == 1
+
+    # 15 trajectories (q4 lost one session) -> one balance-padding key; ExGRPO fields on every key.
+    assert len(batch) == 16 and sum(bool(t.get("is_padding")) for t in batch.tags) == 1
+    data = fetch(tq, batch.keys, ["uid", "rm_scores", "advantages", "response_mask", IS_REPLAY_FIELD,
+                                  PAST_LOG_PROBS_FIELD])
+    assert IS_REPLAY_FIELD in data.keys() and PAST_LOG_PROBS_FIELD in data.keys()
+    flags = dict(zip(batch.keys, data[IS_REPLAY_FIELD].tolist(), strict=True))
+    assert {k for k, v in flags.items() if v} == set(inserted.values())
+    for qid, key in inserted.items():
+        stored = {tuple(c.token_ids.tolist()): c.log_probs for c in pool.candidates(qid)}
+        i = batch.keys.index(key)
+        response = tuple(fetch(tq, [key], ["responses"])["responses"][0].tolist())
+        np.testing.assert_array_equal(data[PAST_LOG_PROBS_FIELD][i].numpy(), stored[response])
+    # The replayed member's reward was recomputed by the reward workers: a stored success scores 1.
+    scores = [float(t.sum()) for t in data["rm_scores"].unbind()]
+    for key in inserted.values():
+        assert scores[batch.keys.index(key)] == 1.0
+
+    # GRPO advantages over the mixed groups equal the core's (std-normalised, verl's default).
+    real = [i for i, t in enumerate(batch.tags) if not t.get("is_padding")]
+    uids = [data["uid"][i] for i in real]
+    expected = grpo_advantages(torch.tensor([scores[i] for i in real]), uids, norm_by_std=True)
+    got = torch.tensor([float(data["advantages"][i][0]) for i in real])
+    torch.testing.assert_close(got, expected.float(), rtol=1e-5, atol=1e-5)
+    q0_rows = [i for i in real if data["uid"][i] == uid_of["q0"]]
+    assert len(q0_rows) == K  # 3 fresh + the replayed one
+
+    # The pool learns from fresh rollouts only: q0's new accuracy is 2/3 (K_f = 3), not 3/4.
+    assert pool.accuracy("q0") == pytest.approx(2 / 3) and pool.accuracy("q1") == pytest.approx(1 / 3)
+    assert metrics["exgrpo/fresh_acc_replay_groups"] == pytest.approx(3 / 6)
+    steps = sorted({t.step for t in pool.candidates("q0")})
+    assert steps == [1, 2]
+    assert pool.accuracy("q4") == pytest.approx(2 / 3)  # q4: sessions 0, 2 correct out of 3 that finished
+    by_group = final_outputs([k for k, t in zip(batch.keys, batch.tags, strict=True) if not t.get("is_padding")])
+    assert set(by_group[uid_of["q0"]]) == {0, 1, 2, 3}
+    h.finish_step(trainer, batch)
+
+    # ---------------- resume: a new trainer loads the step-1 pool; sampling continues identically
+    resumed, _ = h.build_trainer(trainer.config, actor_worker, CORRECT)
+    resumed.config.trainer.resume_mode = "auto"
+    resumed.actor_rollout_wg = trainer.actor_rollout_wg
+    resumed._load_checkpoint()
+    assert resumed.global_steps == 1
+    assert_states_equal(resumed.pool.state_dict(), saved_state)
+    from exgrpo.pool import ExperiencePool
+
+    reference = ExperiencePool(trainer.exgrpo_config)
+    reference.load_state_dict(saved_state)
+    assert [resumed.pool.sample(1) for _ in range(5)] == [reference.sample(1) for _ in range(5)]
+
+
+def assert_states_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], np.ndarray):
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        else:
+            assert a[key] == b[key], key
+
+
+def test_missing_or_corrupt_pool_on_resume_is_an_error_unless_opted_out(harness, actor_worker, tmp_path):
+    from omegaconf import open_dict
+
+    h, trainer, _, _ = harness
+    folder = tmp_path / "global_step_3"
+    folder.mkdir()
+    with pytest.raises(RuntimeError, match="allow_empty_pool_on_resume"):
+        trainer.load_pool(str(folder))
+    (folder / "exgrpo_pool.npz").write_bytes(b"not a zip file")
+    with pytest.raises(RuntimeError, match="corrupt"):
+        trainer.load_pool(str(folder))
+    config = trainer.config.copy()
+    with open_dict(config):
+        config.exgrpo.allow_empty_pool_on_resume = True
+    lenient, _ = h.build_trainer(config, actor_worker, CORRECT)
+    lenient.load_pool(str(folder))
+    assert len(lenient.pool) == 0 and not lenient.pool.active
+    assert os.path.exists(folder / "exgrpo_pool.npz")
