@@ -71,9 +71,11 @@ class ScriptedAgentLoopManager:
     def __init__(self, policy: ScriptedPolicy) -> None:
         self.policy = policy
         self.submitted: list[dict] = []
+        self.batch_fields: list[list[str]] = []
 
     def generate_sequences(self, batch) -> None:
         tokenizer = self.policy.tokenizer
+        self.batch_fields.append(sorted(batch.keys()))
         for i in range(len(batch)):
             prompt = {}
             for key, value in batch.items():
@@ -83,8 +85,10 @@ class ScriptedAgentLoopManager:
                     prompt[key] = value[i].data
                 elif isinstance(value, NonTensorData):
                     prompt[key] = value.data
+            has_n = "__rollout_n__" in prompt
             n = prompt.pop("__rollout_n__", 4)
-            self.submitted.append({"qid": prompt["extra_info"]["qid"], "n": n, "uid": prompt["uid"]})
+            self.submitted.append({"qid": prompt["extra_info"]["qid"], "n": n, "uid": prompt["uid"],
+                                   "explicit_n": has_n})
             uid = prompt["uid"]
             text = tokenizer.apply_chat_template(list(prompt["raw_prompt"]), add_generation_prompt=True, tokenize=False)
             prompt_ids = tokenizer.encode(text, add_special_tokens=False)
@@ -194,8 +198,8 @@ class _CheckpointEngine:
         return None
 
 
-def build_trainer(config, worker, correct: dict[str, set[int]]) -> tuple[ExGRPOTrainer, ScriptedPolicy]:
-    trainer = ExGRPOTrainer(config)
+def build_trainer(config, worker, correct: dict[str, set[int]], cls=ExGRPOTrainer):
+    trainer = cls(config)
     trainer._init_tokenizer()
     trainer._init_dataloader()
     policy = ScriptedPolicy(trainer.tokenizer, correct)

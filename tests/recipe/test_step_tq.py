@@ -207,3 +207,34 @@ def test_missing_or_corrupt_pool_on_resume_is_an_error_unless_opted_out(harness,
     lenient.load_pool(str(folder))
     assert len(lenient.pool) == 0 and not lenient.pool.active
     assert os.path.exists(folder / "exgrpo_pool.npz")
+
+
+def test_enable_false_submits_stock_prompts_and_runs_the_stock_step(tq_cluster, cpu_engine_env, tiny_model_dir,
+                                                                     harness):
+    from omegaconf import open_dict
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from conftest import build_actor_worker, engine_config
+    from recipe.exgrpo.records import IS_REPLAY_FIELD
+
+    h, exgrpo_trainer, _, _ = harness
+    config = exgrpo_trainer.config.copy()
+    with open_dict(config):
+        config.exgrpo.enable = False
+    worker = build_actor_worker(engine_config(tiny_model_dir), enable_exgrpo=False)
+    baseline, _ = h.build_trainer(config, worker, CORRECT)
+    stock, _ = h.build_trainer(config, worker, CORRECT, cls=PPOTrainerSync)
+    assert baseline.pool is None
+
+    batch, metrics = h.run_step(baseline)
+    stock.prepare_step()
+    ours, theirs = baseline.agent_loop_manager, stock.agent_loop_manager
+    assert ours.batch_fields == theirs.batch_fields and "__rollout_n__" not in ours.batch_fields[0]
+    assert [(s["qid"], s["n"]) for s in ours.submitted] == [(s["qid"], s["n"]) for s in theirs.submitted]
+    assert [(s["qid"], s["explicit_n"]) for s in ours.submitted] == [(f"q{i}", False) for i in range(4)]
+    assert len(batch) == 16 and not any(key.startswith("exgrpo/") for key in metrics)
+    assert not any("exgrpo" in key for key in metrics)  # ppo_loss: no replay statistics
+    assert IS_REPLAY_FIELD not in tq_cluster.kv_batch_get(keys=batch.keys[:1], partition_id="train").keys()
+    tq_cluster.kv_clear(keys=batch.keys, partition_id="train")
+    pending = [s["uid"] for s in theirs.submitted]
+    tq_cluster.kv_clear(keys=[f"{uid}_{i}_0" for uid in pending for i in range(K)] + pending, partition_id="train")
