@@ -1,0 +1,472 @@
+"""ExGRPO in one process on a CPU: the embedded default, a tiny model learning arithmetic in minutes.
+
+One step (SPEC §1.2-1.3): draw B - n_r fresh questions and n_r replay questions from the pool; pick each
+replay question's stored success with the lowest mean entropy under the current policy; generate K rollouts
+per fresh question and K - 1 per replay question (the stored trajectory is the K-th member); score; GRPO
+advantages per group; one AdamW step on the ExGRPO objective; then feed the *fresh* rollouts to the pool.
+Everything algorithmic comes from the core (pool, sampling, selection, objective, advantage, reward), so this
+file is only the loop around it. ``exgrpo.enable: false`` gives plain GRPO with the same settings.
+
+Usage: ``python -m exgrpo.runner --config exgrpo/configs/cpu_tiny.yaml [trainer.steps=20 exgrpo.rho=0.25 ...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import random
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+
+from exgrpo import tiny_model as tm
+from exgrpo.advantage import grpo_advantages
+from exgrpo.config import ExGRPOConfig
+from exgrpo.objective import aggregate_loss, exgrpo_policy_loss
+from exgrpo.pool import ExperiencePool, Trajectory
+from exgrpo.selection import mean_token_entropy, select_lowest_entropy, token_entropy
+
+REWARDS = ("exgrpo", "local")
+
+
+# ----------------------------------------------------------------------------------------------- config
+def _from_dict(cls: type, values: dict[str, Any], section: str) -> Any:
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in section '{section}'")
+    return cls(**values)
+
+
+@dataclass
+class DataConfig:
+    train_file: str = "cache/synthetic/train.parquet"
+    test_file: str = "cache/synthetic/test.parquet"
+    build_synthetic: bool = True  # write the synthetic task to the paths above when they are missing
+    n_train_per_level: int = 3000
+    n_test_per_level: int = 400
+    seed: int = 0
+
+
+@dataclass
+class TrainerConfig:
+    seed: int = 0
+    steps: int = 100
+    fresh_question_budget: int | None = None  # stop once this many fresh questions were trained on
+    batch_size: int = 64  # B questions per step (fresh + replay)
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    temperature: float = 1.0
+    clip_ratio: float = 0.2
+    loss_agg_mode: str = "token-mean"
+    norm_adv_by_std: bool = True
+    entropy_coeff: float = 0.0
+    reward: str = "exgrpo"  # "exgrpo": exgrpo.reward.compute_score (math-verify); "local": exact boxed match
+    eval_every: int = 10  # greedy test accuracy every N steps (0: only before and after)
+    threads: int = 2
+    output_dir: str = "runs/cpu_tiny"
+    model_cache: str = "cache/models"
+    progress: bool = True
+    plot: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+        if self.fresh_question_budget is not None and self.fresh_question_budget < 1:
+            raise ValueError(f"trainer.fresh_question_budget must be >= 1 or null, got {self.fresh_question_budget}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"trainer.reward must be one of {REWARDS}, got {self.reward!r}")
+        if not (self.lr > 0 and self.temperature > 0 and self.eval_every >= 0):
+            raise ValueError("trainer.lr and trainer.temperature must be > 0, trainer.eval_every >= 0")
+
+
+@dataclass
+class RunConfig:
+    exgrpo: ExGRPOConfig = field(default_factory=ExGRPOConfig)
+    model: tm.TinyModelConfig = field(default_factory=tm.TinyModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RunConfig:
+        unknown = sorted(set(values) - {"exgrpo", "model", "data", "trainer"})
+        if unknown:
+            raise ValueError(f"unknown top-level section(s) {unknown}; expected exgrpo, model, data, trainer")
+        return cls(exgrpo=ExGRPOConfig.from_dict(values.get("exgrpo") or {}),
+                   model=tm.TinyModelConfig.from_dict(values.get("model") or {}),
+                   data=_from_dict(DataConfig, values.get("data") or {}, "data"),
+                   trainer=_from_dict(TrainerConfig, values.get("trainer") or {}, "trainer"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in ("exgrpo", "model", "data", "trainer")}
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """yaml file plus ``section.key=value`` overrides (values parsed as yaml: 0.25, true, null)."""
+    values: dict[str, Any] = yaml.safe_load(Path(path).read_text()) if path else {}
+    values = values or {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        parts = key.split(".")
+        if not sep or len(parts) != 2:
+            raise ValueError(f"override {item!r} must look like section.key=value")
+        values.setdefault(parts[0], {})
+        values[parts[0]] = dict(values[parts[0]] or {}) | {parts[1]: yaml.safe_load(raw)}
+    return RunConfig.from_dict(values)
+
+
+# ----------------------------------------------------------------------------------------------- data
+@dataclass(frozen=True)
+class Question:
+    qid: str
+    prompt: str
+    ground_truth: str
+    data_source: str
+    level: int
+
+
+def load_questions(path: str | Path, tokenizer: Any) -> list[Question]:
+    """verl parquet rows -> questions; the stable id is ``extra_info.qid`` (else data_source + index)."""
+    frame = pd.read_parquet(path)
+    missing = {"data_source", "prompt", "reward_model"} - set(frame.columns)
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {sorted(missing)}")
+    out, seen = [], set()
+    for i, row in enumerate(frame.itertuples(index=False)):
+        extra = row.extra_info if "extra_info" in frame.columns and isinstance(row.extra_info, dict) else {}
+        reward_model = row.reward_model if isinstance(row.reward_model, dict) else {}
+        if "ground_truth" not in reward_model:
+            raise ValueError(f"{path}: row {i} has no reward_model.ground_truth")
+        qid = str(extra.get("qid", f"{row.data_source}-{extra.get('index', i)}"))
+        if qid in seen:
+            raise ValueError(f"{path}: row {i} repeats question id {qid!r}")
+        seen.add(qid)
+        out.append(Question(qid, tm.prompt_text(tokenizer, row.prompt), str(reward_model["ground_truth"]),
+                            str(row.data_source), int(extra.get("level", 0))))
+    return out
+
+
+class FreshStream:
+    """Shuffled passes over the training questions; retired ones are dropped, excluded ones wait their turn."""
+
+    def __init__(self, questions: Sequence[Question], seed: int) -> None:
+        self.questions, self.rng, self.queue = list(questions), random.Random(seed), []
+        self.consumed = 0
+
+    def take(self, n: int, is_retired: Callable[[str], bool], exclude: Iterable[str] = ()) -> list[Question]:
+        excluded, out, deferred, looked = set(exclude), [], [], 0
+        while len(out) < n:
+            if not self.queue:
+                order = self.questions[:]
+                self.rng.shuffle(order)
+                self.queue = order[::-1]  # pop() from the end = front of the shuffled order
+            q = self.queue.pop()
+            looked += 1
+            if looked > 2 * len(self.questions) + n:
+                raise RuntimeError("every training question is retired or excluded: nothing left to train on")
+            if is_retired(q.qid):
+                continue
+            if q.qid in excluded or any(q.qid == o.qid for o in out):
+                deferred.append(q)
+                continue
+            out.append(q)
+        self.queue.extend(reversed(deferred))
+        self.consumed += len(out)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------- reward
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def local_score(data_source: str, solution: str, ground_truth: str) -> float:
+    """Exact match of the last ``\\boxed{}``: enough for integer answers, and free per call."""
+    found = _BOXED.findall(solution)
+    return float(bool(found) and found[-1].strip() == ground_truth.strip())
+
+
+def make_scorer(kind: str) -> Callable[[str, str, str], float]:
+    """The project's verifier, memoised: it is deterministic, a call costs ~2-3 ms (a process round trip),
+    and a tiny model repeats itself a lot (most of a step's 512 rollouts are answers seen before)."""
+    if kind == "local":
+        return local_score
+    from exgrpo.reward import compute_score
+
+    @functools.lru_cache(maxsize=1 << 18)
+    def score(data_source: str, solution: str, truth: str) -> float:
+        return float(compute_score(data_source, solution, truth)["score"])
+
+    return score
+
+
+# ----------------------------------------------------------------------------------------------- the loop
+def evaluate(model: Any, tokenizer: Any, questions: Sequence[Question], cfg: RunConfig,
+             score: Callable[[str, str, str], float]) -> dict[str, float]:
+    """Greedy accuracy on the test questions, overall and per difficulty level."""
+    prompts = tm.encode_prompts(tokenizer, [q.prompt for q in questions], cfg.model.prompt_width)
+    hits = []
+    for start in range(0, len(questions), 1024):
+        outs = tm.generate(model, prompts[start:start + 1024], cfg.model.max_response_tokens,
+                           tokenizer.eos_token_id, tokenizer.pad_token_id, greedy=True)
+        chunk = questions[start:start + 1024]
+        hits += [score(q.data_source, tokenizer.decode(o, skip_special_tokens=True), q.ground_truth)
+                 for q, o in zip(chunk, outs, strict=True)]
+    result = {"test/acc": float(np.mean(hits))}
+    for level in sorted({q.level for q in questions}):
+        result[f"test/acc_level{level}"] = float(np.mean([h for h, q in zip(hits, questions, strict=True)
+                                                          if q.level == level]))
+    return result
+
+
+def compose_batch(stream: FreshStream, pool: ExperiencePool | None, xc: ExGRPOConfig, batch_size: int,
+                  budget_left: float = math.inf) -> tuple[list[Question], list[str]]:
+    """SPEC §1.2.3: n_r replay questions from an active pool, the rest fresh; no question twice, none retired.
+
+    Fresh questions are drawn first and excluded from replay; if the pool cannot give n_r questions, the
+    missing slots go to further fresh questions (never a slot unused, never a drawn question dropped).
+    """
+    is_retired = pool.is_retired if pool is not None else (lambda qid: False)
+    n_replay = xc.n_replay(batch_size, len(pool)) if pool is not None and pool.active else 0
+    fresh = stream.take(int(min(batch_size - n_replay, budget_left)), is_retired)
+    replay = pool.sample(n_replay, exclude=[q.qid for q in fresh]) if n_replay else []
+    if len(replay) < n_replay:
+        fresh += stream.take(int(min(n_replay - len(replay), budget_left - len(fresh))), is_retired,
+                             exclude=replay + [q.qid for q in fresh])
+    return fresh, replay
+
+
+@torch.no_grad()
+def select_replay(model: Any, pool: ExperiencePool, prompts: dict[str, torch.Tensor], qids: Sequence[str],
+                  cfg: RunConfig, pad_id: int) -> tuple[list[Trajectory], list[float]]:
+    """Each replay question's stored success with the lowest mean token entropy (one no-grad forward)."""
+    cands = [pool.candidates(q) for q in qids]
+    if cfg.exgrpo.select == "random":
+        return [c[pool.choose_random(len(c))] for c in cands], []
+    flat = [t for c in cands for t in c]
+    responses = tm.pad_responses([t.token_ids.tolist() for t in flat], pad_id)
+    rows = torch.stack([prompts[q] for q, c in zip(qids, cands, strict=True) for _ in c])
+    logits = tm.response_logits(model, rows, responses) / cfg.trainer.temperature
+    lengths = torch.tensor([len(t.token_ids) for t in flat])
+    mask = torch.arange(responses.shape[1])[None, :] < lengths[:, None]
+    scores = mean_token_entropy(token_entropy(logits), mask)
+    chosen, entropies, offset = [], [], 0
+    for c in cands:
+        best = select_lowest_entropy(scores[offset:offset + len(c)])
+        chosen.append(c[best])
+        entropies.append(float(scores[offset + best]))
+        offset += len(c)
+    return chosen, entropies
+
+
+def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
+    """Run the job; returns the summary (also written to ``output_dir/summary.json``)."""
+    tc, xc, K = cfg.trainer, cfg.exgrpo, cfg.exgrpo.n_rollouts
+    torch.set_num_threads(tc.threads)
+    out_dir = Path(tc.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.data.build_synthetic and not (Path(cfg.data.train_file).exists() and Path(cfg.data.test_file).exists()):
+        from data_preprocess.synthetic import build_splits
+
+        train_df, test_df = build_splits(cfg.data.n_train_per_level, cfg.data.n_test_per_level, cfg.data.seed)
+        for frame, path in ((train_df, cfg.data.train_file), (test_df, cfg.data.test_file)):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            frame.to_parquet(path, index=False)
+    tokenizer = tm.build_tokenizer()
+    train_qs, test_qs = load_questions(cfg.data.train_file, tokenizer), load_questions(cfg.data.test_file, tokenizer)
+    model, tokenizer, model_path = tm.load_or_build(tc.model_cache, [q.prompt for q in train_qs],
+                                                    [q.ground_truth for q in train_qs], cfg.model, tc.progress)
+    torch.manual_seed(tc.seed)
+    score = make_scorer(tc.reward)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    prompt_ids = dict(zip([q.qid for q in train_qs],
+                          tm.encode_prompts(tokenizer, [q.prompt for q in train_qs], cfg.model.prompt_width),
+                          strict=True))
+    by_qid = {q.qid: q for q in train_qs}
+    pool = pool if pool is not None else ExperiencePool(xc, seed=tc.seed)
+    stream = FreshStream(train_qs, tc.seed)
+    gen = torch.Generator().manual_seed(tc.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+    metrics_file = (out_dir / "metrics.jsonl").open("w")
+    t0 = time.perf_counter()
+    first = evaluate(model, tokenizer, test_qs, cfg, score)
+    history: list[dict[str, Any]] = [{"step": 0, **first, "time_s": 0.0}]
+    metrics_file.write(json.dumps(history[0]) + "\n")
+    bar = range(1, tc.steps + 1)
+    if tc.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(bar, desc="ExGRPO" if xc.enable else "GRPO", dynamic_ncols=True)
+    for step in bar:
+        if tc.fresh_question_budget is not None and stream.consumed >= tc.fresh_question_budget:
+            break
+        # 1. batch composition: fresh first, then replay questions that are not also fresh
+        budget_left = math.inf if tc.fresh_question_budget is None else tc.fresh_question_budget - stream.consumed
+        fresh, replay = compose_batch(stream, pool if xc.enable else None, xc, tc.batch_size, budget_left)
+        chosen, chosen_entropy = select_replay(model, pool, prompt_ids, replay, cfg, pad) if replay else ([], [])
+        # 2. rollouts: K per fresh question, K - 1 per replay question, then the stored trajectory
+        groups = [(q.qid, K) for q in fresh] + [(qid, K - 1) for qid in replay]
+        row_qids = [qid for qid, n in groups for _ in range(n)]
+        prompts = torch.stack([prompt_ids[qid] for qid in row_qids])
+        model.eval()
+        responses = tm.generate(model, prompts, cfg.model.max_response_tokens, eos, pad, tc.temperature, gen)
+        n_fresh_rows = len(responses)
+        responses += [t.token_ids.tolist() for t in chosen]
+        row_qids += list(replay)
+        prompts = torch.cat([prompts, torch.stack([prompt_ids[qid] for qid in replay])]) if replay else prompts
+        rewards = torch.tensor([score(by_qid[qid].data_source, tokenizer.decode(r, skip_special_tokens=True),
+                                      by_qid[qid].ground_truth) for qid, r in zip(row_qids, responses, strict=True)])
+        # 3. log-probs of the behaviour policy (pi_old) and the stored pi_past of replay rows
+        resp = tm.pad_responses(responses, pad)
+        lengths = torch.tensor([len(r) for r in responses])
+        mask = torch.arange(resp.shape[1])[None, :] < lengths[:, None]
+        is_replay = torch.arange(len(responses)) >= n_fresh_rows
+        with torch.no_grad():
+            old_log_prob = tm.token_log_probs(tm.response_logits(model, prompts, resp), resp, tc.temperature)
+        past_log_prob = old_log_prob.clone()
+        for i, t in enumerate(chosen):
+            past_log_prob[n_fresh_rows + i, : len(t.log_probs)] = torch.from_numpy(t.log_probs.copy())
+        adv = grpo_advantages(rewards, row_qids, norm_by_std=tc.norm_adv_by_std)
+        advantages = adv[:, None].expand_as(old_log_prob) * mask
+        # 4. one AdamW step on the ExGRPO objective
+        model.train()
+        logits = tm.response_logits(model, prompts, resp) / tc.temperature
+        log_prob = tm.token_log_probs(logits, resp)
+        loss, loss_metrics = exgrpo_policy_loss(
+            log_prob, old_log_prob, past_log_prob, advantages, mask, is_replay, clip_ratio=tc.clip_ratio,
+            beta=xc.beta, shaping=xc.shaping, loss_agg_mode=tc.loss_agg_mode)
+        if tc.entropy_coeff:
+            loss = loss - tc.entropy_coeff * aggregate_loss(token_entropy(logits), mask, tc.loss_agg_mode)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        opt.step()
+        # 5. collection from fresh rollouts only, once the delayed start has latched
+        fresh_rewards = rewards[:n_fresh_rows]
+        fresh_acc = float(fresh_rewards.mean())
+        outcomes: dict[str, int] = {}
+        mixed = 0
+        if xc.enable and pool.observe_step_accuracy(fresh_acc):
+            row = 0
+            for qid, n in groups:
+                rows = range(row, row + n)
+                row += n
+                outcome = pool.update(qid, fresh_rewards[row - n:row].tolist(), [responses[i] for i in rows],
+                                      [old_log_prob[i, : lengths[i]].tolist() for i in rows], step)
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        row = 0
+        for _, n in groups:
+            k = float(fresh_rewards[row:row + n].sum())
+            mixed += 0 < k < n
+            row += n
+        record = {
+            "step": step, "loss": loss.item(), "grad_norm": float(grad_norm), "fresh_acc": fresh_acc,
+            "fresh_questions": len(fresh), "replay_questions": len(replay), "fresh_consumed": stream.consumed,
+            "mixed_groups": mixed, "replay_reward": float(rewards[n_fresh_rows:].mean()) if replay else None,
+            "replay_entropy": float(np.mean(chosen_entropy)) if chosen_entropy else None,
+            "replay_age": float(np.mean([step - t.step for t in chosen])) if chosen else None,
+            **{f"collect/{k}": v for k, v in outcomes.items()}, **loss_metrics, **pool.stats(),
+            "time_s": round(time.perf_counter() - t0, 2),
+        }
+        if not math.isfinite(record["loss"]):
+            raise FloatingPointError(f"step {step}: loss is {record['loss']}")
+        if tc.eval_every and step % tc.eval_every == 0:
+            model.eval()
+            record.update(evaluate(model, tokenizer, test_qs, cfg, score))
+        history.append(record)
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
+        if tc.progress:
+            bar.set_postfix(acc=f"{fresh_acc:.2f}", pool=len(pool), replay=len(replay), refresh=False)
+    model.eval()
+    if "test/acc" not in history[-1]:
+        history[-1].update(evaluate(model, tokenizer, test_qs, cfg, score))
+        metrics_file.write(json.dumps({"step": history[-1]["step"], "final_eval": True,
+                                       **{k: v for k, v in history[-1].items() if k.startswith("test/")}}) + "\n")
+    metrics_file.close()
+    steps_run = [h for h in history if h["step"] > 0]
+    slots = sum(h["fresh_questions"] + h["replay_questions"] for h in steps_run)
+    summary = {
+        "mode": "exgrpo" if xc.enable else "grpo", "seed": tc.seed, "steps": len(steps_run),
+        "fresh_questions": stream.consumed, "acc_before": first["test/acc"], "acc_after": history[-1]["test/acc"],
+        "acc_after_by_level": {k: v for k, v in history[-1].items() if k.startswith("test/acc_level")},
+        "pool_questions": len(pool), "pool_trajectories": pool.stats()["pool/trajectories"],
+        "retired": pool.stats()["pool/retired"],
+        "replay_share": sum(h["replay_questions"] for h in steps_run) / max(slots, 1),
+        "first_replay_step": next((h["step"] for h in steps_run if h["replay_questions"]), None),
+        "wall_s": round(time.perf_counter() - t0, 1), "model": str(model_path),
+        "metrics": str(out_dir / "metrics.jsonl"), "plot": str(out_dir / "plot.png") if tc.plot else None,
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    if tc.plot:
+        plot(history, out_dir / "plot.png", title=f"{summary['mode']} seed {tc.seed}")
+    return summary
+
+
+# ----------------------------------------------------------------------------------------------- report
+def plot(history: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> None:
+    """Accuracy, pool size and the pool's bucket histogram over steps, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    evals = [h for h in history if "test/acc" in h]
+    steps = [h["step"] for h in history if h["step"] > 0]
+    axes[0].plot([h["step"] for h in evals], [h["test/acc"] for h in evals], "o-", label="test (greedy)")
+    axes[0].plot(steps, [h["fresh_acc"] for h in history if h["step"] > 0], alpha=0.5, label="fresh rollouts (T=1)")
+    axes[0].set(xlabel="step", ylabel="accuracy", title="accuracy")
+    axes[0].legend()
+    for key, label in (("pool/questions", "pool questions"), ("pool/retired", "retired"),
+                       ("replay_questions", "replayed this step")):
+        axes[1].plot(steps, [h.get(key, 0) for h in history if h["step"] > 0], label=label)
+    axes[1].set(xlabel="step", title="experience pool")
+    axes[1].legend()
+    keys = sorted({k for h in history for k in h if k.startswith("pool/bucket_")})
+    if keys:
+        axes[2].stackplot(steps, [[h.get(k, 0) for h in history if h["step"] > 0] for k in keys],
+                          labels=[f"acc {float(k.split('_')[-1]):.2f}" for k in keys])
+        axes[2].legend(fontsize=7, loc="upper left")
+    axes[2].set(xlabel="step", ylabel="questions", title="pool questions per accuracy bucket")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    levels = ", ".join(f"level {k[-1]} {v:.1%}" for k, v in s["acc_after_by_level"].items())
+    return "\n".join([
+        f"{s['mode']} (seed {s['seed']}): {s['steps']} steps, {s['fresh_questions']} fresh questions, "
+        f"{s['wall_s']:.0f} s",
+        f"  test accuracy (greedy): {s['acc_before']:.1%} -> {s['acc_after']:.1%}  ({levels})",
+        f"  pool: {s['pool_questions']} questions, {s['pool_trajectories']} trajectories; retired: {s['retired']}",
+        f"  replay share: {s['replay_share']:.1%} of question slots (first replay at step {s['first_replay_step']})",
+        f"  metrics: {s['metrics']}   plot: {s['plot']}",
+    ])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="ExGRPO on a CPU with a tiny model")
+    parser.add_argument("--config", default=str(Path(__file__).parent / "configs" / "cpu_tiny.yaml"))
+    parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. trainer.steps=20 exgrpo.enable=false")
+    args = parser.parse_args(argv)
+    summary = train(load_config(args.config, args.overrides))
+    print(format_summary(summary))
+
+
+if __name__ == "__main__":
+    main()

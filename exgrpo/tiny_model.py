@@ -1,0 +1,206 @@
+"""A tiny Qwen2 built from scratch for the embedded CPU mode: tokenizer, model, warm start, generation.
+
+Everything is built locally (no hub access), so a newcomer can run the real algorithm on a laptop. The
+tokenizer has one token per character; prompts are left-padded to a fixed width, so every sequence is
+``prompt (fixed width) + response`` and no attention mask or position shift is needed anywhere: pads are
+ordinary tokens the model learns to ignore, and right padding after EOS cannot affect earlier positions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+CHARS = "0123456789+-=Q: \\boxed{}"
+# Concatenates the messages' contents, so verl's RLHFDataset (apply_chat_template) sees the same prompt text.
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Architecture and warm-start recipe; its hash names the on-disk cache entry."""
+
+    hidden_size: int = 128
+    num_layers: int = 3
+    num_heads: int = 4
+    intermediate_size: int = 256
+    prompt_width: int = 12
+    max_response_tokens: int = 16
+    warm_start_steps: int = 700
+    warm_start_batch: int = 128
+    warm_start_lr: float = 1e-3
+    seed: int = 0
+
+    @classmethod
+    def from_dict(cls, values: dict) -> TinyModelConfig:
+        unknown = set(values) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown model config key(s): {sorted(unknown)}")
+        cfg = cls(**values)
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "prompt_width",
+                     "max_response_tokens", "warm_start_batch"):
+            if getattr(cfg, name) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(cfg, name)}")
+        if cfg.warm_start_steps < 0:
+            raise ValueError(f"model.warm_start_steps must be >= 0, got {cfg.warm_start_steps}")
+        return cfg
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {PAD: 0, EOS: 1, UNK: 2} | {c: i + 3 for i, c in enumerate(CHARS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig) -> Qwen2ForCausalLM:
+    torch.manual_seed(cfg.seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
+        intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.prompt_width + cfg.max_response_tokens,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None, use_cache=True,
+    )
+    config._attn_implementation = "eager"  # fastest at these sizes, and deterministic
+    return Qwen2ForCausalLM(config).float()
+
+
+def prompt_text(tokenizer: PreTrainedTokenizerFast, chat: Sequence[dict]) -> str:
+    return tokenizer.apply_chat_template(list(chat), tokenize=False, add_generation_prompt=True)
+
+
+def encode_prompts(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], width: int) -> torch.Tensor:
+    """Left-pad to a fixed width; a prompt that does not fit is an error, never silently truncated."""
+    rows = []
+    for i, text in enumerate(texts):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) > width:
+            raise ValueError(f"prompt {i} ({text!r}) has {len(ids)} tokens > model.prompt_width={width}")
+        if tokenizer.unk_token_id in ids:
+            raise ValueError(f"prompt {i} ({text!r}) has characters outside the tiny vocabulary {CHARS!r}")
+        rows.append([tokenizer.pad_token_id] * (width - len(ids)) + ids)
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def pad_responses(responses: Sequence[Sequence[int]], pad_id: int, width: int | None = None) -> torch.Tensor:
+    width = max(len(r) for r in responses) if width is None else width
+    out = torch.full((len(responses), width), pad_id, dtype=torch.long)
+    for i, r in enumerate(responses):
+        if len(r) > width:
+            raise ValueError(f"response {i} has {len(r)} tokens > {width} (model.max_response_tokens)")
+        out[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+    return out
+
+
+def response_logits(model: Qwen2ForCausalLM, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+    """Logits that predict each response token: position p-1 predicts token p."""
+    seq = torch.cat([prompts, responses], dim=1)
+    logits = model(input_ids=seq, use_cache=False).logits
+    return logits[:, prompts.shape[1] - 1 : -1].float()
+
+
+def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    return torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model: Qwen2ForCausalLM, prompts: torch.Tensor, max_new_tokens: int, eos_id: int, pad_id: int,
+             temperature: float = 1.0, generator: torch.Generator | None = None,
+             greedy: bool = False) -> list[list[int]]:
+    """Sample with a KV cache; each response is returned exactly as generated, EOS included (if reached)."""
+    out = model(input_ids=prompts, use_cache=True)
+    cache, logits = out.past_key_values, out.logits[:, -1]
+    n = prompts.shape[0]
+    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long)
+    done = torch.zeros(n, dtype=torch.bool)
+    lengths = torch.full((n,), max_new_tokens, dtype=torch.long)
+    for t in range(max_new_tokens):
+        if greedy:
+            nxt = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits.float() / temperature, dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
+        tokens[:, t] = nxt
+        finished = (~done) & (nxt == eos_id)
+        lengths[finished] = t + 1
+        done |= finished
+        if bool(done.all()) or t == max_new_tokens - 1:
+            break
+        out = model(input_ids=nxt.unsqueeze(-1), past_key_values=cache, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+    return [tokens[i, : lengths[i]].tolist() for i in range(n)]
+
+
+def target_ids(tokenizer: PreTrainedTokenizerFast, answer: str) -> list[int]:
+    return tokenizer.encode(f"\\boxed{{{answer}}}", add_special_tokens=False) + [tokenizer.eos_token_id]
+
+
+def warm_start(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prompts: Sequence[str],
+               answers: Sequence[str], cfg: TinyModelConfig, progress: bool = True) -> list[float]:
+    """Short supervised phase so RL starts from a weak but non-zero policy (the pool needs mixed groups)."""
+    prompt_ids = encode_prompts(tokenizer, prompts, cfg.prompt_width)
+    targets = pad_responses([target_ids(tokenizer, a) for a in answers], tokenizer.pad_token_id,
+                            cfg.max_response_tokens)
+    lengths = torch.tensor([len(target_ids(tokenizer, a)) for a in answers])
+    mask = torch.arange(targets.shape[1])[None, :] < lengths[:, None]
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.warm_start_lr, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    losses = []
+    steps = range(cfg.warm_start_steps)
+    if progress:
+        from tqdm import tqdm
+
+        steps = tqdm(steps, desc="warm start", leave=False)
+    model.train()
+    for _ in steps:
+        idx = torch.randint(0, len(prompts), (cfg.warm_start_batch,), generator=gen)
+        logits = response_logits(model, prompt_ids[idx], targets[idx])
+        nll = F.cross_entropy(logits.transpose(1, 2), targets[idx], reduction="none")
+        loss = (nll * mask[idx]).sum() / mask[idx].sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def cache_key(cfg: TinyModelConfig, prompts: Sequence[str], answers: Sequence[str]) -> str:
+    digest = hashlib.sha1(json.dumps([asdict(cfg), list(prompts), list(answers)]).encode()).hexdigest()
+    return digest[:12]
+
+
+def load_or_build(cache_root: str | Path, prompts: Sequence[str], answers: Sequence[str], cfg: TinyModelConfig,
+                  progress: bool = True) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, Path]:
+    """Warm-start once per (architecture, recipe, training data) and reuse it from disk afterwards."""
+    path = Path(cache_root) / f"tiny_qwen2_{cache_key(cfg, prompts, answers)}"
+    if (path / "warm_start.json").exists():
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+        model = Qwen2ForCausalLM.from_pretrained(path, attn_implementation="eager").float().eval()
+        return model, tokenizer, path
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, cfg)
+    start = time.perf_counter()
+    losses = warm_start(model, tokenizer, prompts, answers, cfg, progress=progress)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    meta = {"config": asdict(cfg), "final_loss": losses[-1] if losses else None,
+            "seconds": round(time.perf_counter() - start, 1), "n_parameters": sum(p.numel() for p in model.parameters())}
+    (path / "warm_start.json").write_text(json.dumps(meta, indent=2))
+    return model, tokenizer, path

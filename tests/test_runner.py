@@ -1,0 +1,162 @@
+"""The CPU runner: batch composition invariants, config handling, and a two-step smoke of the real loop."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exgrpo.config import ExGRPOConfig
+from exgrpo.pool import ExperiencePool
+from exgrpo.runner import FreshStream, Question, compose_batch, load_config, local_score, train
+
+CONFIG = Path(__file__).resolve().parents[1] / "exgrpo" / "configs" / "cpu_tiny.yaml"
+
+
+def _questions(n: int) -> list[Question]:
+    return [Question(f"q{i}", f"Q:{i}+0=", str(i), "synthetic_arith", 1) for i in range(n)]
+
+
+# ----------------------------------------------------------------------------------------------- composition
+def test_stream_defers_excluded_questions_and_drops_retired_ones():
+    stream = FreshStream(_questions(10), seed=0)
+    order = [q.qid for q in FreshStream(_questions(10), seed=0).take(10, lambda q: False)]
+    first = stream.take(3, lambda q: False, exclude=[order[0]])
+    assert [q.qid for q in first] == order[1:4]
+    assert stream.take(1, lambda q: False)[0].qid == order[0]  # deferred, not lost
+    retired = set(order[4:6])
+    rest = [q.qid for q in stream.take(4, retired.__contains__)]
+    assert rest == order[6:10]
+    assert stream.consumed == 8
+    nxt = [q.qid for q in stream.take(8, retired.__contains__)]  # a new pass: retired ones never come back
+    assert len(set(nxt)) == 8 and not retired & set(nxt)
+
+
+def test_stream_fails_clearly_when_everything_is_retired():
+    stream = FreshStream(_questions(5), seed=0)
+    with pytest.raises(RuntimeError, match="retired"):
+        stream.take(1, lambda q: True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_questions=st.integers(4, 40), batch_size=st.integers(1, 16), rho=st.sampled_from([0.0, 0.25, 0.5, 1.0]),
+       seed=st.integers(0, 1000), steps=st.integers(1, 4))
+def test_compose_batch_follows_spec(n_questions, batch_size, rho, seed, steps):
+    """B slots filled, n_r = min(round(rho B), eligible pool) replayed, no question twice, none retired."""
+    cfg = ExGRPOConfig(rho=rho, n_rollouts=4, start_acc=0.0)
+    questions = _questions(n_questions)
+    pool = ExperiencePool(cfg, seed=seed)
+    pool.observe_step_accuracy(1.0)
+    rng = np.random.default_rng(seed)
+    for q in questions:  # a third held at random accuracies, some retired, the rest never seen
+        k = int(rng.integers(0, 5))
+        if rng.random() < 0.5:
+            pool.update(q.qid, [1.0] * k + [0.0] * (4 - k), [[1, 2, i] for i in range(4)], [[-0.1] * 3] * 4, 0)
+    held = {q.qid for q in questions if q.qid in pool}
+    retired = {q.qid for q in questions if pool.is_retired(q.qid)}
+    live = n_questions - len(retired)
+    stream = FreshStream(questions, seed)
+    for _ in range(steps):
+        if live < batch_size:
+            break
+        fresh, replay = compose_batch(stream, pool, cfg, batch_size)
+        fresh_ids = [q.qid for q in fresh]
+        assert len(fresh) + len(replay) == batch_size
+        assert len(set(fresh_ids + replay)) == batch_size
+        assert not retired & set(fresh_ids + replay)
+        assert set(replay) <= held
+        wanted = cfg.n_replay(batch_size, len(pool))
+        assert len(replay) == min(wanted, len(held - set(fresh_ids)))
+
+
+def test_compose_batch_without_pool_is_all_fresh_and_respects_the_budget():
+    cfg = ExGRPOConfig(enable=False)
+    stream = FreshStream(_questions(20), seed=1)
+    fresh, replay = compose_batch(stream, None, cfg, 8, budget_left=5)
+    assert replay == [] and len(fresh) == 5 and stream.consumed == 5
+
+
+# ----------------------------------------------------------------------------------------------- config, reward
+def test_config_overrides_and_errors_name_the_key(tmp_path):
+    cfg = load_config(CONFIG, ["exgrpo.rho=0.25", "trainer.steps=3", "exgrpo.enable=false",
+                               "trainer.fresh_question_budget=null"])
+    assert cfg.exgrpo.rho == 0.25 and cfg.trainer.steps == 3 and cfg.exgrpo.enable is False
+    with pytest.raises(ValueError, match="'stepz'"):
+        load_config(CONFIG, ["trainer.stepz=3"])
+    with pytest.raises(ValueError, match="rho"):
+        load_config(CONFIG, ["exgrpo.rho=2"])
+    with pytest.raises(ValueError, match="section.key=value"):
+        load_config(CONFIG, ["steps=3"])
+    with pytest.raises(ValueError, match="trainer.reward"):
+        load_config(CONFIG, ["trainer.reward=llm"])
+
+
+def test_local_score_is_exact_match_of_the_last_box():
+    assert local_score("s", "\\boxed{12}", "12") == 1.0
+    assert local_score("s", "\\boxed{1}\\boxed{12}", "12") == 1.0
+    assert local_score("s", "\\boxed{12}\\boxed{1}", "12") == 0.0
+    assert local_score("s", "12", "12") == 0.0
+    assert local_score("s", "\\boxed{12", "12") == 0.0
+
+
+# ----------------------------------------------------------------------------------------------- the loop
+SMOKE = [
+    "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=64",
+    "model.warm_start_steps=60", "model.warm_start_batch=64", "model.warm_start_lr=0.003",
+    "data.n_train_per_level=2", "data.n_test_per_level=2",
+    "trainer.steps=2", "trainer.batch_size=32", "exgrpo.n_rollouts=4", "trainer.lr=0.0003",
+    "trainer.eval_every=0", "trainer.progress=false", "trainer.threads=1",
+]
+
+
+def _smoke_config(root: Path, out: str, extra: tuple[str, ...] = ()):
+    paths = [f"data.train_file={root}/data/train.parquet", f"data.test_file={root}/data/test.parquet",
+             f"trainer.model_cache={root}/models", f"trainer.output_dir={root}/{out}"]
+    return load_config(CONFIG, SMOKE + paths + list(extra))
+
+
+@pytest.fixture(scope="module")
+def smoke_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runner")
+
+
+def _metrics(summary) -> list[dict]:
+    return [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
+
+
+def test_two_step_smoke_fills_the_pool_replays_and_stays_finite(smoke_root):
+    cfg = _smoke_config(smoke_root, "exgrpo")
+    pool = ExperiencePool(cfg.exgrpo, seed=cfg.trainer.seed)
+    pool.observe_step_accuracy(1.0)  # pre-activated: collection from step 1, replay from step 2
+    summary = train(cfg, pool)
+    rows = _metrics(summary)
+    steps = [r for r in rows if r["step"] > 0 and "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert steps[0]["pool/questions"] > 0 and steps[0]["replay_questions"] == 0
+    assert steps[1]["replay_questions"] == min(16, steps[0]["pool/questions"])
+    assert steps[1]["replay_reward"] == 1.0  # stored token ids decode back to correct answers
+    assert all(r["fresh_questions"] + r["replay_questions"] == 32 for r in steps)
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in steps)
+    assert steps[1]["exgrpo/replay_token_share"] > 0
+    assert summary["first_replay_step"] == 2 and summary["replay_share"] > 0
+    assert Path(summary["plot"]).stat().st_size > 0 and "test/acc" in rows[0] and "test/acc" in rows[-1]
+
+
+def test_same_seed_same_run(smoke_root):
+    a = _metrics(train(_smoke_config(smoke_root, "a", ("exgrpo.start_acc=0.0", "trainer.plot=false"))))
+    b = _metrics(train(_smoke_config(smoke_root, "b", ("exgrpo.start_acc=0.0", "trainer.plot=false"))))
+    for ra, rb in zip(a, b, strict=True):
+        ra.pop("time_s", None), rb.pop("time_s", None)
+        assert ra == rb
+
+
+def test_disabled_is_plain_grpo(smoke_root):
+    summary = train(_smoke_config(smoke_root, "grpo", ("exgrpo.enable=false", "exgrpo.start_acc=0.0")))
+    steps = [r for r in _metrics(summary) if r["step"] > 0 and "loss" in r]
+    assert all(r["replay_questions"] == 0 and r["fresh_questions"] == 32 for r in steps)
+    assert summary["pool_questions"] == 0 and summary["retired"] == 0 and summary["mode"] == "grpo"
