@@ -119,6 +119,3 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
             "actor_rollout_ref.rollout.multi_turn.enable=true: ExGRPO replay stores single-turn responses "
             "(every response token is a policy token); multi-turn agent loops are not supported"
         )
-    if config["actor_rollout_ref"]["actor"].get("ppo_epochs", 1) != 1:
-        # Not wrong for the maths, but pi_old == pi_theta only on the first epoch; the paper uses one.
-        pass

@@ -486,6 +486,8 @@ class ExGRPOTrainer(PPOTrainerSync):
             folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
             self.pool.save(os.path.join(folder, POOL_FILE_NAME))
         super()._save_checkpoint()
+        if self.exgrpo_enabled and self.config.trainer.get("max_actor_ckpt_to_keep", None):
+            prune_pool_files(self.config.trainer.default_local_dir, self.global_steps)
 
     def _resume_folder(self) -> str | None:
         """The global_step_N folder the parent just resumed from (same resolution as its _load_checkpoint)."""
@@ -522,6 +524,30 @@ class ExGRPOTrainer(PPOTrainerSync):
                 ) from err
             logger.warning(f"ExGRPO: {err}; continuing with an empty pool (exgrpo.allow_empty_pool_on_resume=true)")
             self.pool = ExperiencePool(self.exgrpo_config, seed=self.exgrpo_settings.seed)
+
+
+def prune_pool_files(root: str, current_step: int) -> list[str]:
+    """Delete pool files of older steps whose actor checkpoint verl has already removed (max_actor_ckpt_to_keep).
+
+    verl deletes only ``global_step_N/actor``; a pool file left behind can be gigabytes and is useless without
+    the weights it belongs to. Returns the deleted paths.
+    """
+    removed = []
+    if not os.path.isdir(root):
+        return removed
+    for name in os.listdir(root):
+        if not name.startswith("global_step_"):
+            continue
+        try:
+            step = int(name.split("global_step_")[-1])
+        except ValueError:
+            continue
+        folder = os.path.join(root, name)
+        path = os.path.join(folder, POOL_FILE_NAME)
+        if step < current_step and os.path.isfile(path) and not os.path.isdir(os.path.join(folder, "actor")):
+            os.remove(path)
+            removed.append(path)
+    return removed
 
 
 def _scoring_record(prompts: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor) -> dict:

@@ -145,3 +145,16 @@ def test_entry_point_prints_the_composed_job_config():
     printed = OmegaConf.create(result.stdout)
     assert printed.exgrpo.rho == 0.25 and printed.data.gen_batch_size == 1
     assert printed.actor_rollout_ref.exgrpo.rho == 0.25 and printed.actor_rollout_ref.exgrpo.n_rollouts == 8
+
+
+def test_old_pool_files_are_pruned_only_where_verl_removed_the_actor_checkpoint(tmp_path):
+    from recipe.exgrpo.trainer import prune_pool_files
+
+    for step, has_actor in ((10, False), (20, True), (30, False)):
+        folder = tmp_path / f"global_step_{step}"
+        (folder / "actor").mkdir(parents=True) if has_actor else folder.mkdir()
+        (folder / "exgrpo_pool.npz").write_bytes(b"x")
+    removed = prune_pool_files(str(tmp_path), current_step=30)
+    assert removed == [str(tmp_path / "global_step_10" / "exgrpo_pool.npz")]
+    assert (tmp_path / "global_step_20" / "exgrpo_pool.npz").exists()
+    assert (tmp_path / "global_step_30" / "exgrpo_pool.npz").exists()  # the step just saved is never touched

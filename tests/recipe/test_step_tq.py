@@ -211,10 +211,10 @@ def test_missing_or_corrupt_pool_on_resume_is_an_error_unless_opted_out(harness,
 
 def test_enable_false_submits_stock_prompts_and_runs_the_stock_step(tq_cluster, cpu_engine_env, tiny_model_dir,
                                                                      harness):
+    from conftest import build_actor_worker, engine_config
     from omegaconf import open_dict
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from conftest import build_actor_worker, engine_config
     from recipe.exgrpo.records import IS_REPLAY_FIELD
 
     h, exgrpo_trainer, _, _ = harness
