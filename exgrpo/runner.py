@@ -53,8 +53,8 @@ class DataConfig:
     train_file: str = "cache/synthetic/train.parquet"
     test_file: str = "cache/synthetic/test.parquet"
     build_synthetic: bool = True  # write the synthetic task to the paths above when they are missing
-    n_train_per_level: int = 3000
-    n_test_per_level: int = 400
+    n_train_per_level: int = 1500
+    n_test_per_level: int = 300
     seed: int = 0
 
 
