@@ -25,7 +25,10 @@ from recipe.exgrpo.trainer import ExGRPOTrainer
 ANSWERS = ["12", "7", "30", "4", "15", "9", "21", "6"]
 
 
-def write_dataset(folder: Path) -> tuple[Path, Path]:
+TOY_REWARD = Path(__file__).resolve().parent / "toy_reward.py"
+
+
+def write_dataset(folder: Path, with_qid: bool = True) -> tuple[Path, Path]:
     rows = []
     for i, answer in enumerate(ANSWERS):
         rows.append(
@@ -34,7 +37,7 @@ def write_dataset(folder: Path) -> tuple[Path, Path]:
                 "prompt": [{"role": "user", "content": f"q{i}?"}],
                 "ability": "math",
                 "reward_model": {"style": "rule", "ground_truth": answer},
-                "extra_info": {"qid": f"q{i}", "index": i},
+                "extra_info": {"qid": f"q{i}", "index": i} if with_qid else {"index": i},
             }
         )
     folder.mkdir(parents=True, exist_ok=True)
@@ -166,21 +169,22 @@ class ForwardingWorkerGroup:
         assert (Path(local_path) / "weights.txt").is_file()
 
 
-class ScriptedRewardHandle:
-    """``handle.compute_score.remote(DataProto)`` -> ObjectRef of {"reward_score", "reward_extra_info"}."""
+class InProcessRewardHandle:
+    """A real verl ``RewardLoopWorker`` (custom reward function, naive manager) behind the Ray-handle interface
+    the trainer uses: ``handle.compute_score.remote(DataProto)`` -> ObjectRef of its result."""
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.calls = 0
+    def __init__(self, config) -> None:
+        from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+        self.worker = RewardLoopWorker(config)
+        self.results: list[dict] = []
         outer = self
 
         class _Method:
             def remote(self, data):
-                outer.calls += 1
-                responses = data.batch["responses"][0].tolist()
-                gt = data.non_tensor_batch["reward_model"][0]["ground_truth"]
-                score = reward_of(outer.tokenizer, responses, gt)
-                return ray.put({"reward_score": score, "reward_extra_info": {"acc": score}})
+                result = outer.worker.loop.run_until_complete(outer.worker.compute_score(data))
+                outer.results.append(result)
+                return ray.put(result)
 
         self.compute_score = _Method()
 
@@ -205,7 +209,7 @@ def build_trainer(config, worker, correct: dict[str, set[int]], cls=ExGRPOTraine
     policy = ScriptedPolicy(trainer.tokenizer, correct)
     trainer.agent_loop_manager = ScriptedAgentLoopManager(policy)
     trainer.actor_rollout_wg = ForwardingWorkerGroup(worker)
-    trainer.reward_loop_manager = _RewardManager([ScriptedRewardHandle(trainer.tokenizer)])
+    trainer.reward_loop_manager = _RewardManager([InProcessRewardHandle(trainer.config)])
     trainer.checkpoint_manager = _CheckpointEngine()
     trainer.curr_step_profile = False
     trainer.global_steps = 1

@@ -41,6 +41,7 @@ def harness(tq_cluster, actor_worker, tiny_model_dir, tmp_path_factory):
             "data.dataloader_num_workers=0", "data.max_prompt_length=64", "data.max_response_length=64",
             "exgrpo.start_acc=0.3", "exgrpo.rho=0.5", "actor_rollout_ref.actor.optim.lr=1e-3",
             f"trainer.default_local_dir={ckpt_dir}", "trainer.save_freq=1",
+            f"reward.custom_reward_function.path={h.TOY_REWARD}", "reward.custom_reward_function.name=compute_score",
             *CPU_ENGINE_OVERRIDES,
         ]
     )
@@ -142,10 +143,15 @@ def test_two_steps_fresh_then_replay_with_real_tq_and_engine(harness, tq_cluster
         i = batch.keys.index(key)
         response = tuple(fetch(tq, [key], ["responses"])["responses"][0].tolist())
         np.testing.assert_array_equal(data[PAST_LOG_PROBS_FIELD][i].numpy(), stored[response])
-    # The replayed member's reward was recomputed by the reward workers: a stored success scores 1.
+    # The replayed member's reward was recomputed by verl's reward worker (naive manager, custom function):
+    # a stored success scores 1, and the worker's extra info is carried like a live record's.
     scores = [float(t.sum()) for t in data["rm_scores"].unbind()]
     for key in inserted.values():
         assert scores[batch.keys.index(key)] == 1.0
+    handle = trainer.reward_loop_manager.reward_loop_worker_handles[0]
+    assert [r["reward_score"] for r in handle.results] == [1.0, 1.0]
+    extra = fetch(tq, [inserted["q0"]], ["extra_fields"])["extra_fields"][0]
+    assert extra["reward_extra_info"]["leading"] == "12" and extra["min_global_steps"] == 1
 
     # GRPO advantages over the mixed groups equal the core's (std-normalised, verl's default).
     real = [i for i, t in enumerate(batch.tags) if not t.get("is_padding")]
@@ -238,3 +244,23 @@ def test_enable_false_submits_stock_prompts_and_runs_the_stock_step(tq_cluster, 
     tq_cluster.kv_clear(keys=batch.keys, partition_id="train")
     pending = [s["uid"] for s in theirs.submitted]
     tq_cluster.kv_clear(keys=[f"{uid}_{i}_0" for uid in pending for i in range(K)] + pending, partition_id="train")
+
+
+def test_question_ids_hashed_when_the_data_has_none_match_between_dataset_scan_and_fresh_rows(
+    harness, actor_worker, tmp_path
+):
+    from omegaconf import open_dict
+
+    from recipe.exgrpo.composition import question_id
+
+    h, trainer, _, _ = harness
+    train, val = h.write_dataset(tmp_path, with_qid=False)
+    config = trainer.config.copy()
+    with open_dict(config):
+        config.data.train_files = str(train)
+        config.data.val_files = str(val)
+    hashed, _ = h.build_trainer(config, actor_worker, CORRECT)
+    index = hashed.question_index()
+    assert len(index) == len(h.ANSWERS) and all(qid.startswith("h") for qid in index)
+    fresh = [hashed._next_dataset_row() for _ in range(len(h.ANSWERS))]
+    assert [index[question_id(row)] for row in fresh] == list(range(len(h.ANSWERS)))
