@@ -264,3 +264,32 @@ def test_question_ids_hashed_when_the_data_has_none_match_between_dataset_scan_a
     assert len(index) == len(h.ANSWERS) and all(qid.startswith("h") for qid in index)
     fresh = [hashed._next_dataset_row() for _ in range(len(h.ANSWERS))]
     assert [index[question_id(row)] for row in fresh] == list(range(len(h.ANSWERS)))
+
+
+def test_random_selection_ablation_uses_the_pool_rng_and_scores_nothing(harness):
+    import copy
+    from dataclasses import replace
+
+    from exgrpo.pool import ExperiencePool
+    from recipe.exgrpo.trainer import GroupInfo
+
+    _, trainer, _, _ = harness
+    config = replace(trainer.exgrpo_config, select="random")
+    pool = ExperiencePool(config, seed=5)
+    pool.observe_step_accuracy(1.0)
+    pool.update("qa", [1.0, 1.0, 1.0, 0.0], [[3, 2], [4, 2], [5, 2], [6, 2]], [[-0.1, -0.2]] * 4, step=1)
+    reference = copy.deepcopy(pool)
+    saved = trainer.exgrpo_config, trainer.pool, trainer._groups, list(trainer.actor_rollout_wg.calls)
+    try:
+        trainer.exgrpo_config, trainer.pool = config, pool
+        trainer._groups = {f"u{i}": GroupInfo("qa", True) for i in range(6)}
+        templates = [{"prompts": torch.tensor([1, 5])} for _ in range(6)]
+        members = trainer._select_members([f"u{i}" for i in range(6)], templates)
+        candidates = reference.candidates("qa")
+        expected = [candidates[reference.choose_random(3)].token_ids.tolist() for _ in range(6)]
+        assert [m.token_ids.tolist() for m in members] == expected
+        assert len({tuple(e) for e in expected}) > 1  # the draw is not constant
+        assert all(m.entropy is None and m.n_candidates == 3 for m in members)
+        assert trainer.actor_rollout_wg.calls == saved[3]  # no scoring forward
+    finally:
+        trainer.exgrpo_config, trainer.pool, trainer._groups = saved[:3]
