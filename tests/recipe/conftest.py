@@ -17,10 +17,11 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-CONFIG_DIR = REPO / "recipe" / "exgrpo" / "config"
 for path in (str(REPO), str(HERE)):
     if path not in sys.path:
         sys.path.insert(0, path)
+
+from recipe_helpers import build_actor_worker, engine_config  # noqa: E402
 
 if importlib.util.find_spec("verl") is None:  # pragma: no cover - depends on the environment
     collect_ignore_glob = ["test_*.py"]
@@ -37,32 +38,6 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from tiny_assets import build_tiny_model_dir
 
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
-
-
-# Settings that let verl's FSDP2 engine run a tiny fp32 model on one CPU process.
-CPU_ENGINE_OVERRIDES = [
-    "actor_rollout_ref.actor.strategy=fsdp2",
-    "actor_rollout_ref.ref.strategy=fsdp2",
-    "actor_rollout_ref.actor.fsdp_config.dtype=float32",
-    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",  # verl's default computes in bf16
-    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32",
-    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32",
-    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
-    "actor_rollout_ref.actor.use_torch_compile=false",
-    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-    "actor_rollout_ref.model.use_remove_padding=false",
-    "actor_rollout_ref.model.enable_gradient_checkpointing=false",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-]
-
-
-def compose_config(overrides: list[str]):
-    """The recipe yaml composed by hydra with ``overrides`` (no Ray, no GPU)."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose(config_name="exgrpo_trainer", overrides=overrides)
 
 
 @pytest.fixture(scope="session")
@@ -126,28 +101,6 @@ def cpu_engine_env():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def build_actor_worker(config, enable_exgrpo: bool = True):
-    """An in-process ExGRPO actor worker (role 'actor': no rollout engine) over the tiny model."""
-    from omegaconf import OmegaConf, open_dict
-
-    from recipe.exgrpo.worker import ExGRPOActorRolloutRefWorker
-
-    config = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
-    with open_dict(config):
-        config.actor_rollout_ref.exgrpo.enable = enable_exgrpo
-    worker = ExGRPOActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
-    worker.init_model()
-    return worker
-
-
-def engine_config(tiny_model_dir, extra: list[str] = ()):
-    return compose_config(
-        [f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.n=4",
-         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.optim.lr=1e-3",
-         "data.train_batch_size=4", *CPU_ENGINE_OVERRIDES, *extra]
-    )
 
 
 @pytest.fixture(scope="session")

@@ -16,11 +16,17 @@ import pytest
 pytest.importorskip("verl")
 
 import torch  # noqa: E402
-from conftest import build_actor_worker, engine_config  # noqa: E402
-from tensordict import TensorDict  # noqa: E402
+from recipe_helpers import (  # noqa: E402
+    build_actor_worker,
+    engine_config,
+    nested,
+    reference_model,
+    reference_response_outputs,
+    sequence_batch,
+)
 
 from exgrpo.objective import exgrpo_policy_loss  # noqa: E402
-from exgrpo.selection import mean_token_entropy, token_entropy  # noqa: E402
+from exgrpo.selection import mean_token_entropy  # noqa: E402
 from recipe.exgrpo.records import IS_REPLAY_FIELD, MEAN_ENTROPY_FIELD, PAST_LOG_PROBS_FIELD  # noqa: E402
 
 pytestmark = pytest.mark.slow  # shares the session's engine worker (~10-20 s to build)
@@ -31,56 +37,6 @@ PAIRS = [  # (prompt ids, response ids) of different lengths
     ([1, 5, 6], [16, 2]),
     ([1, 7, 7, 7, 7], [20, 21, 22]),
 ]
-
-
-def nested(tensors):
-    return torch.nested.as_nested_tensor(list(tensors), layout=torch.jagged)
-
-
-def sequence_batch(pairs) -> TensorDict:
-    prompts = [torch.tensor(p) for p, _ in pairs]
-    responses = [torch.tensor(r) for _, r in pairs]
-    inputs = [torch.cat([p, r]) for p, r in zip(prompts, responses, strict=True)]
-    masks = [torch.ones(len(r), dtype=torch.int64) for r in responses]
-    return TensorDict(
-        {
-            "prompts": nested(prompts), "responses": nested(responses), "input_ids": nested(inputs),
-            "position_ids": nested(torch.arange(len(i)) for i in inputs), "response_mask": nested(masks),
-            "loss_mask": nested(m.clone() for m in masks),
-        },
-        batch_size=[len(pairs)],
-    )
-
-
-def full_state(engine) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, param in engine.module.named_parameters():
-        value = param.full_tensor() if hasattr(param, "full_tensor") else param
-        out[name] = value.detach().clone()
-    return out
-
-
-def reference_model(engine, tiny_model_dir):
-    """A plain transformers Qwen2 holding the engine's current weights."""
-    from transformers import Qwen2ForCausalLM
-
-    model = Qwen2ForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa", torch_dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(full_state(engine), strict=False)
-    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
-    return model
-
-
-def reference_response_outputs(model, pairs):
-    """Per-row response log-probs (with grad) and entropies from a direct forward, unpadded, one row at a time."""
-    log_probs, entropies = [], []
-    for prompt, response in pairs:
-        ids = torch.tensor(prompt + response).unsqueeze(0)
-        logits = model(input_ids=ids, position_ids=torch.arange(ids.shape[1]).unsqueeze(0)).logits[0]
-        shifted = logits[len(prompt) - 1 : -1]
-        logp = torch.log_softmax(shifted.float(), dim=-1)
-        log_probs.append(logp.gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1))
-        entropies.append(token_entropy(shifted.detach()))
-    return log_probs, entropies
 
 
 def pad(rows, value=0.0):

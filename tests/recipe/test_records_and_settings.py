@@ -12,8 +12,8 @@ import yaml
 pytest.importorskip("verl")
 
 import torch  # noqa: E402
-from conftest import REPO, compose_config  # noqa: E402
 from omegaconf import OmegaConf, open_dict  # noqa: E402
+from recipe_helpers import REPO, compose_config  # noqa: E402
 
 from recipe.exgrpo.records import (  # noqa: E402
     IS_REPLAY_FIELD,

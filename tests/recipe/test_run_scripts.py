@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("verl")
 
-from conftest import REPO, compose_config  # noqa: E402
+from recipe_helpers import REPO, compose_config  # noqa: E402
 
 SCRIPTS = {
     "qwen2.5_math_7b_exgrpo.sh": True,

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("verl")
 
 import torch  # noqa: E402
-from conftest import CPU_ENGINE_OVERRIDES, compose_config  # noqa: E402
+from recipe_helpers import CPU_ENGINE_OVERRIDES, compose_config  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def fetch(tq, keys, fields=None):
 
 
 def reference_entropies(worker, tiny_model_dir, prompt_ids, candidates):
-    from test_engine_cpu import reference_model, reference_response_outputs
+    from recipe_helpers import reference_model, reference_response_outputs
 
     model = reference_model(worker.actor.engine, tiny_model_dir)
     with torch.no_grad():
@@ -217,8 +217,8 @@ def test_missing_or_corrupt_pool_on_resume_is_an_error_unless_opted_out(harness,
 
 def test_enable_false_submits_stock_prompts_and_runs_the_stock_step(tq_cluster, cpu_engine_env, tiny_model_dir,
                                                                      harness):
-    from conftest import build_actor_worker, engine_config
     from omegaconf import open_dict
+    from recipe_helpers import build_actor_worker, engine_config
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
     from recipe.exgrpo.records import IS_REPLAY_FIELD
