@@ -158,3 +158,17 @@ def test_old_pool_files_are_pruned_only_where_verl_removed_the_actor_checkpoint(
     assert removed == [str(tmp_path / "global_step_10" / "exgrpo_pool.npz")]
     assert (tmp_path / "global_step_20" / "exgrpo_pool.npz").exists()
     assert (tmp_path / "global_step_30" / "exgrpo_pool.npz").exists()  # the step just saved is never touched
+
+
+def test_trainer_maps_the_actor_role_to_the_exgrpo_worker_class():
+    from verl.trainer.ppo.utils import Role
+
+    from recipe.exgrpo.trainer import ExGRPOTrainer
+    from recipe.exgrpo.worker import ExGRPOActorRolloutRefWorker
+
+    trainer = ExGRPOTrainer(compose_config([*BASE, "actor_rollout_ref.rollout.n=4"]))
+    trainer._init_resource_pool_mgr()
+    actor_roles = [r for r in (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor) if r in trainer.role_worker_mapping]
+    assert actor_roles
+    for role in actor_roles:
+        assert trainer.role_worker_mapping[role].__ray_actor_class__ is ExGRPOActorRolloutRefWorker

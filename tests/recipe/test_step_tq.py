@@ -293,3 +293,23 @@ def test_random_selection_ablation_uses_the_pool_rng_and_scores_nothing(harness)
         assert trainer.actor_rollout_wg.calls == saved[3]  # no scoring forward
     finally:
         trainer.exgrpo_config, trainer.pool, trainer._groups = saved[:3]
+
+
+def test_failed_pool_save_leaves_the_tracker_on_the_previous_step(harness, monkeypatch):
+    h, trainer, _, ckpt_dir = harness
+    tracker = ckpt_dir / "latest_checkpointed_iteration.txt"
+    before = tracker.read_text() if tracker.exists() else None
+    saved_step = trainer.global_steps
+    trainer.global_steps = 99
+
+    def broken_save(path):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trainer.pool, "save", broken_save)
+    try:
+        with pytest.raises(OSError, match="disk full"):
+            trainer._save_checkpoint()
+    finally:
+        trainer.global_steps = saved_step
+    assert (tracker.read_text() if tracker.exists() else None) == before
+    assert not (ckpt_dir / "global_step_99" / "actor").exists()
