@@ -112,6 +112,12 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
             "algorithm.rollout_correction.bypass_mode=true replaces old_log_probs by the rollout engine's "
             "log-probs, which do not exist for replayed rows; keep it false"
         )
+    loss_mode = (config["actor_rollout_ref"]["actor"].get("policy_loss", None) or {}).get("loss_mode", "vanilla")
+    if loss_mode != "vanilla":
+        raise ValueError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r}: ExGRPO's loss extends verl's 'vanilla' "
+            "clipped surrogate (fresh rows) with the shaped replay term; other policy losses are not supported"
+        )
     rollout = config["actor_rollout_ref"]["rollout"]
     multi_turn = rollout.get("multi_turn", None) or {}
     if multi_turn.get("enable", False):

@@ -112,6 +112,8 @@ def test_recipe_yaml_composes_passes_verl_validation_and_ties_k_to_rollout_n():
         ("algorithm.adv_estimator=gae", "adv_estimator"),
         ("algorithm.rollout_correction.rollout_is=token", "rollout_is"),
         ("exgrpo.allow_empty_pool_on_resume=maybe", "allow_empty_pool_on_resume"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "loss_mode"),
+        ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi_turn"),
     ],
 )
 def test_bad_exgrpo_or_incompatible_verl_settings_fail_naming_the_key(override, message):
