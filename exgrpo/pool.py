@@ -122,6 +122,17 @@ class ExperiencePool:
                          "trimmed_trajectories": 0}
 
     # ---------------------------------------------------------------- the delayed start
+    def success_rate(self, rewards: Iterable[float]) -> float:
+        """The accuracy of a set of rollouts as the latch reads it: the share of rewards equal to
+        ``reward_max`` (binary), or the mean reward normalised to [0, 1] (continuous). NaN if empty."""
+        values = np.fromiter(rewards, dtype=np.float64)
+        if values.size == 0:
+            return float("nan")
+        lo, hi = self.config.reward_min, self.config.reward_max
+        if self.config.reward_type == "binary":
+            return float(np.mean(values == hi))
+        return float(np.mean((values - lo) / (hi - lo)))
+
     def observe_step_accuracy(self, fresh_accuracy: float) -> bool:
         """Latch collection and replay on once a step's fresh accuracy exceeds ``start_acc``; stays on."""
         if not self.active and fresh_accuracy > self.config.start_acc:

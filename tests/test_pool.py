@@ -141,6 +141,14 @@ def test_delayed_start_latches():
     assert pool.observe_step_accuracy(0.0) and pool.active
 
 
+def test_success_rate_is_what_the_latch_reads():
+    binary = ExperiencePool(ExGRPOConfig())
+    assert binary.success_rate([1, 0, 0, 1.0]) == 0.5
+    cont = ExperiencePool(ExGRPOConfig(reward_type="continuous", reward_min=-1.0, reward_max=3.0))
+    assert cont.success_rate([-1.0, 3.0, 1.0]) == pytest.approx(0.5)  # normalised: 0, 1, 0.5
+    assert np.isnan(binary.success_rate([]))
+
+
 def test_continuous_rewards_success_above_mean_bucket_by_spread_and_retirement():
     cfg = ExGRPOConfig(n_rollouts=4, reward_type="continuous", reward_min=0.0, reward_max=1.0)
     pool = ExperiencePool(cfg)

@@ -428,7 +428,6 @@ class ExGRPOTrainer(PPOTrainerSync):
     # ------------------------------------------------------------------ collection
     def collect_experience(self, batch: KVBatchMeta, metrics: dict) -> None:
         """Update the latch and the pool from this step's fresh rollouts (never the replayed member)."""
-        cfg = self.exgrpo_config
         fresh_keys = [
             key
             for key, tag in zip(batch.keys, batch.tags, strict=True)
@@ -446,16 +445,11 @@ class ExGRPOTrainer(PPOTrainerSync):
         log_probs = [t.float().numpy() for t in data["old_log_probs"].unbind()]
         position = {key: i for i, key in enumerate(keys)}
 
-        def success(reward: float) -> float:
-            if cfg.reward_type == "binary":
-                return float(reward == cfg.reward_max)
-            return (reward - cfg.reward_min) / (cfg.reward_max - cfg.reward_min)
-
         per_group = {uid: [position[k] for _, k in sorted(s.items())] for uid, s in groups.items()}
-        fresh_acc = float(np.mean([success(r) for r in rewards]))
+        fresh_acc = self.pool.success_rate(rewards)
         by_kind = {True: [], False: []}
         for uid, rows in per_group.items():
-            by_kind[self._groups[uid].is_replay].extend(success(rewards[i]) for i in rows)
+            by_kind[self._groups[uid].is_replay].extend(rewards[i] for i in rows)
         active = self.pool.observe_step_accuracy(fresh_acc)
         outcomes: Counter[str] = Counter()
         if active:
@@ -470,9 +464,9 @@ class ExGRPOTrainer(PPOTrainerSync):
                 outcomes[outcome] += 1
         metrics["exgrpo/fresh_acc"] = fresh_acc
         if by_kind[False]:
-            metrics["exgrpo/fresh_acc_fresh_groups"] = float(np.mean(by_kind[False]))
+            metrics["exgrpo/fresh_acc_fresh_groups"] = self.pool.success_rate(by_kind[False])
         if by_kind[True]:
-            metrics["exgrpo/fresh_acc_replay_groups"] = float(np.mean(by_kind[True]))
+            metrics["exgrpo/fresh_acc_replay_groups"] = self.pool.success_rate(by_kind[True])
         metrics["exgrpo/latch"] = float(active)
         for outcome in ("stored", "retired", "unsolved", "ignored"):
             metrics[f"exgrpo/outcome_{outcome}"] = float(outcomes[outcome])
