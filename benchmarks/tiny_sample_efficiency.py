@@ -8,7 +8,8 @@ step count where GRPO stopped (equal compute), so both readings are visible.
 Usage (about 20-40 min on one core):
     python benchmarks/tiny_sample_efficiency.py --seeds 0 1 2 --out runs/bench_tiny
     python benchmarks/tiny_sample_efficiency.py --report-only --out runs/bench_tiny   # table + plot again
-Results are appended to ``OUT/results.jsonl`` as each run finishes; a rerun skips runs already there.
+Each finished run is written to ``OUT/results/<arm>_seed<seed>.json``; a rerun skips runs already there, and
+several invocations with different ``--arms`` may share one OUT concurrently (e.g. one per core).
 """
 
 from __future__ import annotations
@@ -150,24 +151,21 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    results_file = out / "results.jsonl"
-    results = [json.loads(line) for line in results_file.read_text().splitlines()] if results_file.exists() else []
+    (out / "results").mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         ablation_seeds = args.seeds if args.ablation_seeds is None else args.ablation_seeds
         plan = [(arm, seed) for seed in args.seeds for arm in args.arms if arm in ("grpo", "exgrpo")]
         plan += [(arm, seed) for seed in ablation_seeds for arm in args.arms if arm not in ("grpo", "exgrpo")]
-        done = {(r["arm"], r["seed"]) for r in results}
         for arm, seed in plan:
-            if (arm, seed) in done:
+            path = out / "results" / f"{arm}_seed{seed}.json"
+            if path.exists():
                 continue
             result = run_arm(arm, seed, args)
-            results.append(result)
-            with results_file.open("a") as f:
-                f.write(json.dumps(result) + "\n")
+            path.write_text(json.dumps(result))
             s = result["summary"]
             print(f"[{time.strftime('%H:%M:%S')}] {arm} seed {seed}: {s['acc_before']:.3f} -> {s['acc_after']:.3f} "
                   f"in {s['steps']} steps, {result['wall_s']:.0f} s", flush=True)
+    results = [json.loads(p.read_text()) for p in sorted((out / "results").glob("*.json"))]
     print(report(results, out, args.target))
     print(f"plot: {out / 'sample_efficiency.png'}  table: {out / 'table.md'}")
 

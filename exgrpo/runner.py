@@ -435,11 +435,13 @@ def plot(history: Sequence[dict[str, Any]], path: str | Path, title: str = "") -
         axes[1].plot(steps, [h.get(key, 0) for h in history if h["step"] > 0], label=label)
     axes[1].set(xlabel="step", title="experience pool")
     axes[1].legend()
-    keys = sorted({k for h in history for k in h if k.startswith("pool/bucket_")})
-    if keys:
+    keys = sorted({k for h in history for k in h if k.startswith("pool/bucket_")}, key=lambda k: float(k[12:]))
+    if keys:  # buckets of K and K - 1 fresh rollouts interleave, so colour by accuracy rather than a legend
+        cmap = plt.get_cmap("viridis")
         axes[2].stackplot(steps, [[h.get(k, 0) for h in history if h["step"] > 0] for k in keys],
-                          labels=[f"acc {float(k.split('_')[-1]):.2f}" for k in keys])
-        axes[2].legend(fontsize=7, loc="upper left")
+                          colors=[cmap(float(k[12:])) for k in keys])
+        fig.colorbar(matplotlib.cm.ScalarMappable(cmap=cmap, norm=matplotlib.colors.Normalize(0, 1)), ax=axes[2],
+                     label="bucket (latest fresh accuracy)")
     axes[2].set(xlabel="step", ylabel="questions", title="pool questions per accuracy bucket")
     fig.suptitle(title)
     fig.tight_layout()

@@ -34,11 +34,20 @@ class TinyModelConfig:
     num_layers: int = 3
     num_heads: int = 4
     intermediate_size: int = 256
-    prompt_width: int = 12
-    max_response_tokens: int = 16
-    warm_start_steps: int = 700
+    prompt_width: int = 10
+    max_response_tokens: int = 24
+    warm_start_steps: int = 1500  # at most; the phase stops early once warm_start_target_acc is reached
     warm_start_batch: int = 128
     warm_start_lr: float = 1e-3
+    # Share of supervised targets that restate the question before the box ("23+58=81\\boxed{81}") instead of
+    # the bare "\\boxed{81}": two correct forms per question, so the pool holds several distinct successes and
+    # entropy selection has something to choose between.
+    warm_start_worked_share: float = 0.5
+    # Greedy accuracy on a fixed slice of the training questions at which to stop (None: run all the steps).
+    # Accuracy jumps from ~3% to ~90% within a few hundred steps on this task, so a step count alone cannot
+    # reliably "start weak"; checking every warm_start_check_every steps can.
+    warm_start_target_acc: float | None = 0.3
+    warm_start_check_every: int = 25
     seed: int = 0
 
     @classmethod
@@ -53,6 +62,13 @@ class TinyModelConfig:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(cfg, name)}")
         if cfg.warm_start_steps < 0:
             raise ValueError(f"model.warm_start_steps must be >= 0, got {cfg.warm_start_steps}")
+        if not 0.0 <= cfg.warm_start_worked_share <= 1.0:
+            raise ValueError(f"model.warm_start_worked_share must lie in [0, 1], got {cfg.warm_start_worked_share}")
+        if cfg.warm_start_check_every < 1:
+            raise ValueError(f"model.warm_start_check_every must be >= 1, got {cfg.warm_start_check_every}")
+        if cfg.warm_start_target_acc is not None and not 0.0 < cfg.warm_start_target_acc <= 1.0:
+            raise ValueError(f"model.warm_start_target_acc must lie in (0, 1] or be null, got "
+                             f"{cfg.warm_start_target_acc}")
         return cfg
 
 
@@ -146,38 +162,67 @@ def generate(model: Qwen2ForCausalLM, prompts: torch.Tensor, max_new_tokens: int
     return [tokens[i, : lengths[i]].tolist() for i in range(n)]
 
 
-def target_ids(tokenizer: PreTrainedTokenizerFast, answer: str) -> list[int]:
-    return tokenizer.encode(f"\\boxed{{{answer}}}", add_special_tokens=False) + [tokenizer.eos_token_id]
+def target_ids(tokenizer: PreTrainedTokenizerFast, answer: str, worked: str = "") -> list[int]:
+    """``{worked}\\boxed{answer}`` + EOS; ``worked`` is an optional line of work before the box."""
+    return tokenizer.encode(f"{worked}\\boxed{{{answer}}}", add_special_tokens=False) + [tokenizer.eos_token_id]
+
+
+def worked_line(prompt: str, answer: str) -> str:
+    """The question restated with its result, e.g. ``Q:23+58=`` -> ``23+58=81``."""
+    return prompt.removeprefix("Q:") + answer
+
+
+def greedy_accuracy(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prompt_ids: torch.Tensor,
+                    targets: Sequence[Sequence[list[int]]], max_new_tokens: int) -> float:
+    """Share of prompts whose greedy response is exactly one of its accepted target id lists (EOS included)."""
+    outs = generate(model, prompt_ids, max_new_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id, greedy=True)
+    return sum(o in accepted for o, accepted in zip(outs, targets, strict=True)) / len(targets)
 
 
 def warm_start(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prompts: Sequence[str],
-               answers: Sequence[str], cfg: TinyModelConfig, progress: bool = True) -> list[float]:
-    """Short supervised phase so RL starts from a weak but non-zero policy (the pool needs mixed groups)."""
+               answers: Sequence[str], cfg: TinyModelConfig, progress: bool = True) -> dict:
+    """Short supervised phase so RL starts from a weak but non-zero policy (the pool needs mixed groups).
+
+    Stops at ``warm_start_steps`` or as soon as the greedy accuracy on (up to) 256 training questions reaches
+    ``warm_start_target_acc``. Returns the per-step losses, steps run and the last checked accuracy.
+    """
     prompt_ids = encode_prompts(tokenizer, prompts, cfg.prompt_width)
-    targets = pad_responses([target_ids(tokenizer, a) for a in answers], tokenizer.pad_token_id,
-                            cfg.max_response_tokens)
-    lengths = torch.tensor([len(target_ids(tokenizer, a)) for a in answers])
-    mask = torch.arange(targets.shape[1])[None, :] < lengths[:, None]
+    short = [target_ids(tokenizer, a) for a in answers]
+    worked = [target_ids(tokenizer, a, worked_line(p, a)) for p, a in zip(prompts, answers, strict=True)]
+    targets = torch.stack([pad_responses(forms, tokenizer.pad_token_id, cfg.max_response_tokens)
+                           for forms in (short, worked)])  # [2, N, T]
+    lengths = torch.tensor([[len(t) for t in short], [len(t) for t in worked]])
+    mask = torch.arange(targets.shape[-1]) < lengths[..., None]
+    check = torch.linspace(0, len(prompts) - 1, min(256, len(prompts))).long()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warm_start_lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
-    losses = []
-    steps = range(cfg.warm_start_steps)
+    losses: list[float] = []
+    accuracy = None
+    steps = range(1, cfg.warm_start_steps + 1)
     if progress:
         from tqdm import tqdm
 
         steps = tqdm(steps, desc="warm start", leave=False)
-    model.train()
-    for _ in steps:
+    for step in steps:
+        model.train()
         idx = torch.randint(0, len(prompts), (cfg.warm_start_batch,), generator=gen)
-        logits = response_logits(model, prompt_ids[idx], targets[idx])
-        nll = F.cross_entropy(logits.transpose(1, 2), targets[idx], reduction="none")
-        loss = (nll * mask[idx]).sum() / mask[idx].sum()
+        form = (torch.rand(cfg.warm_start_batch, generator=gen) < cfg.warm_start_worked_share).long()
+        batch_targets, batch_mask = targets[form, idx], mask[form, idx]
+        logits = response_logits(model, prompt_ids[idx], batch_targets)
+        nll = F.cross_entropy(logits.transpose(1, 2), batch_targets, reduction="none")
+        loss = (nll * batch_mask).sum() / batch_mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        if cfg.warm_start_target_acc is not None and step % cfg.warm_start_check_every == 0:
+            model.eval()
+            accuracy = greedy_accuracy(model, tokenizer, prompt_ids[check], [(short[i], worked[i]) for i in check],
+                                       cfg.max_response_tokens)
+            if accuracy >= cfg.warm_start_target_acc:
+                break
     model.eval()
-    return losses
+    return {"losses": losses, "steps": len(losses), "train_greedy_acc": accuracy}
 
 
 def cache_key(cfg: TinyModelConfig, prompts: Sequence[str], answers: Sequence[str]) -> str:
@@ -196,11 +241,12 @@ def load_or_build(cache_root: str | Path, prompts: Sequence[str], answers: Seque
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, cfg)
     start = time.perf_counter()
-    losses = warm_start(model, tokenizer, prompts, answers, cfg, progress=progress)
+    result = warm_start(model, tokenizer, prompts, answers, cfg, progress=progress)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    meta = {"config": asdict(cfg), "final_loss": losses[-1] if losses else None,
+    meta = {"config": asdict(cfg), "steps": result["steps"], "train_greedy_acc": result["train_greedy_acc"],
+            "final_loss": result["losses"][-1] if result["losses"] else None,
             "seconds": round(time.perf_counter() - start, 1), "n_parameters": sum(p.numel() for p in model.parameters())}
     (path / "warm_start.json").write_text(json.dumps(meta, indent=2))
     return model, tokenizer, path

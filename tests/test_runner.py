@@ -108,6 +108,7 @@ def test_local_score_is_exact_match_of_the_last_box():
 SMOKE = [
     "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=64",
     "model.warm_start_steps=60", "model.warm_start_batch=64", "model.warm_start_lr=0.003",
+    "model.warm_start_target_acc=null",
     "data.n_train_per_level=2", "data.n_test_per_level=2",
     "trainer.steps=2", "trainer.batch_size=32", "exgrpo.n_rollouts=4", "trainer.lr=0.0003",
     "trainer.eval_every=0", "trainer.progress=false", "trainer.threads=1",

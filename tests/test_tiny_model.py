@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from exgrpo import tiny_model as tm
 
 SMALL = tm.TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, prompt_width=10,
-                           max_response_tokens=12, warm_start_steps=3, warm_start_batch=8, seed=0)
+                           max_response_tokens=20, warm_start_steps=3, warm_start_batch=8, seed=0)
 TOKENIZER = tm.build_tokenizer()
 
 
@@ -93,10 +93,11 @@ def test_response_log_probs_align_with_a_per_prefix_reference():
 def test_warm_start_lowers_the_loss_and_is_cached(tmp_path):
     prompts = [f"Q:{a}+{b}=" for a in range(10) for b in range(10)]
     answers = [str(a + b) for a in range(10) for b in range(10)]
-    cfg = tm.TinyModelConfig(**{**SMALL.__dict__, "warm_start_steps": 40, "warm_start_batch": 32})
+    cfg = tm.TinyModelConfig(**{**SMALL.__dict__, "warm_start_steps": 40, "warm_start_batch": 32,
+                                "warm_start_target_acc": None})
     model, tok, path = tm.load_or_build(tmp_path, prompts, answers, cfg, progress=False)
-    losses = tm.warm_start(tm.build_model(tok, cfg), tok, prompts, answers, cfg, progress=False)
-    assert sum(losses[-5:]) < sum(losses[:5])
+    losses = tm.warm_start(tm.build_model(tok, cfg), tok, prompts, answers, cfg, progress=False)["losses"]
+    assert len(losses) == 40 and sum(losses[-5:]) < sum(losses[:5])
     again, _, path2 = tm.load_or_build(tmp_path, prompts, answers, cfg, progress=False)
     assert path2 == path
     for p, q in zip(model.state_dict().values(), again.state_dict().values(), strict=True):
@@ -113,3 +114,28 @@ def test_bad_model_config_is_named():
         tm.TinyModelConfig.from_dict({"hidden": 3})
     with pytest.raises(ValueError, match="num_layers"):
         tm.TinyModelConfig.from_dict({"num_layers": 0})
+
+
+def test_warm_start_stops_at_the_first_check_that_reaches_the_target(monkeypatch):
+    tok = TOKENIZER
+    cfg = tm.TinyModelConfig(**{**SMALL.__dict__, "warm_start_steps": 100, "warm_start_batch": 4,
+                                "warm_start_target_acc": 0.5, "warm_start_check_every": 7})
+    seen = iter([0.2, 0.49, 0.5, 0.9])
+    monkeypatch.setattr(tm, "greedy_accuracy", lambda *args: next(seen))
+    result = tm.warm_start(tm.build_model(tok, cfg), tok, ["Q:1+2="] * 3, ["3"] * 3, cfg, progress=False)
+    assert result["steps"] == 21 and result["train_greedy_acc"] == 0.5
+
+
+def test_greedy_accuracy_is_exact_match_of_ids():
+    tok, model = _model()
+    prompts = tm.encode_prompts(tok, ["Q:1+2=", "Q:3+4="], SMALL.prompt_width)
+    outs = tm.generate(model, prompts, 6, tok.eos_token_id, tok.pad_token_id, greedy=True)
+    assert tm.greedy_accuracy(model, tok, prompts, [[o] for o in outs], 6) == 1.0
+    assert tm.greedy_accuracy(model, tok, prompts, [[outs[0]], [outs[1] + [5]]], 6) == 0.5
+    assert tm.greedy_accuracy(model, tok, prompts, [[[7], outs[0]], [outs[1] + [5], outs[1]]], 6) == 1.0
+
+
+def test_worked_targets_restate_the_question():
+    tok = TOKENIZER
+    assert tm.worked_line("Q:23+58=", "81") == "23+58=81"
+    assert tok.decode(tm.target_ids(tok, "81", "23+58=81")) == "23+58=81\\boxed{81}<eos>"
