@@ -211,6 +211,11 @@ def make_scorer(kind: str) -> Callable[[str, str, str], float]:
     return score
 
 
+def _verifier_calls(score: Callable) -> int | None:
+    """Cumulative calls that reached the verifier (memo misses), to see what the memo saves."""
+    return score.cache_info().misses if hasattr(score, "cache_info") else None
+
+
 # ----------------------------------------------------------------------------------------------- the loop
 def evaluate(model: Any, tokenizer: Any, questions: Sequence[Question], cfg: RunConfig,
              score: Callable[[str, str, str], float]) -> dict[str, float]:
@@ -272,6 +277,7 @@ def select_replay(model: Any, pool: ExperiencePool, prompts: dict[str, torch.Ten
 
 def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
     """Run the job; returns the summary (also written to ``output_dir/summary.json``)."""
+    t_start = time.perf_counter()
     tc, xc, K = cfg.trainer, cfg.exgrpo, cfg.exgrpo.n_rollouts
     torch.set_num_threads(tc.threads)
     out_dir = Path(tc.output_dir)
@@ -354,7 +360,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
         opt.step()
         # 5. collection from fresh rollouts only, once the delayed start has latched
         fresh_rewards = rewards[:n_fresh_rows]
-        fresh_acc = float(fresh_rewards.mean())
+        fresh_acc = pool.success_rate(fresh_rewards.tolist())  # the latch's rule (binary: mean of 0/1 rewards)
         outcomes: dict[str, int] = {}
         mixed = 0
         if xc.enable and pool.observe_step_accuracy(fresh_acc):
@@ -376,6 +382,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
             "mixed_groups": mixed, "replay_reward": float(rewards[n_fresh_rows:].mean()) if replay else None,
             "replay_entropy": float(np.mean(chosen_entropy)) if chosen_entropy else None,
             "replay_age": float(np.mean([step - t.step for t in chosen])) if chosen else None,
+            "reward_calls": len(row_qids), "verifier_calls": _verifier_calls(score),
             **{f"collect/{k}": v for k, v in outcomes.items()}, **loss_metrics, **pool.stats(),
             "time_s": round(time.perf_counter() - t0, 2),
         }
@@ -405,7 +412,8 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
         "retired": pool.stats()["pool/retired"],
         "replay_share": sum(h["replay_questions"] for h in steps_run) / max(slots, 1),
         "first_replay_step": next((h["step"] for h in steps_run if h["replay_questions"]), None),
-        "wall_s": round(time.perf_counter() - t0, 1), "model": str(model_path),
+        "wall_s": round(time.perf_counter() - t0, 1), "total_s": round(time.perf_counter() - t_start, 1),
+        "model": str(model_path), "warm_start": json.loads((model_path / "warm_start.json").read_text()),
         "metrics": str(out_dir / "metrics.jsonl"), "plot": str(out_dir / "plot.png") if tc.plot else None,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -453,7 +461,9 @@ def format_summary(s: dict[str, Any]) -> str:
     levels = ", ".join(f"level {k[-1]} {v:.1%}" for k, v in s["acc_after_by_level"].items())
     return "\n".join([
         f"{s['mode']} (seed {s['seed']}): {s['steps']} steps, {s['fresh_questions']} fresh questions, "
-        f"{s['wall_s']:.0f} s",
+        f"{s['wall_s']:.0f} s of RL ({s['total_s']:.0f} s with data and model)",
+        f"  model: {s['model']} ({s['warm_start']['n_parameters'] / 1e6:.1f}M parameters, "
+        f"{s['warm_start']['steps']} supervised warm-start steps)",
         f"  test accuracy (greedy): {s['acc_before']:.1%} -> {s['acc_after']:.1%}  ({levels})",
         f"  pool: {s['pool_questions']} questions, {s['pool_trajectories']} trajectories; retired: {s['retired']}",
         f"  replay share: {s['replay_share']:.1%} of question slots (first replay at step {s['first_replay_step']})",

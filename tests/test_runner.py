@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from exgrpo.config import ExGRPOConfig
 from exgrpo.pool import ExperiencePool
-from exgrpo.runner import FreshStream, Question, compose_batch, load_config, local_score, train
+from exgrpo.runner import FreshStream, Question, compose_batch, format_summary, load_config, local_score, train
 
 CONFIG = Path(__file__).resolve().parents[1] / "exgrpo" / "configs" / "cpu_tiny.yaml"
 
@@ -146,6 +146,8 @@ def test_two_step_smoke_fills_the_pool_replays_and_stays_finite(smoke_root):
     assert steps[1]["exgrpo/replay_token_share"] > 0
     assert summary["first_replay_step"] == 2 and summary["replay_share"] > 0
     assert Path(summary["plot"]).stat().st_size > 0 and "test/acc" in rows[0] and "test/acc" in rows[-1]
+    text = format_summary(summary)
+    assert f"{summary['acc_before']:.1%} -> {summary['acc_after']:.1%}" in text and "first replay at step 2" in text
 
 
 def test_same_seed_same_run(smoke_root):
