@@ -9,6 +9,7 @@ ordinary tokens the model learns to ignore, and right padding after EOS cannot a
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import time
 from collections.abc import Sequence
@@ -24,6 +25,9 @@ PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 CHARS = "0123456789+-=Q: \\boxed{}"
 # Concatenates the messages' contents, so verl's RLHFDataset (apply_chat_template) sees the same prompt text.
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+# transformers renamed the KV-cache argument and output field from past_key_values to cache (5.2x deprecates the
+# old name, 5.40 removes it); use whichever this installation's Qwen2 takes.
+CACHE_ARG = "cache" if "cache" in inspect.signature(Qwen2ForCausalLM.forward).parameters else "past_key_values"
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,7 @@ def generate(model: Qwen2ForCausalLM, prompts: torch.Tensor, max_new_tokens: int
              greedy: bool = False) -> list[list[int]]:
     """Sample with a KV cache; each response is returned exactly as generated, EOS included (if reached)."""
     out = model(input_ids=prompts, use_cache=True)
-    cache, logits = out.past_key_values, out.logits[:, -1]
+    cache, logits = getattr(out, CACHE_ARG), out.logits[:, -1]
     n = prompts.shape[0]
     tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long)
     done = torch.zeros(n, dtype=torch.bool)
@@ -157,8 +161,8 @@ def generate(model: Qwen2ForCausalLM, prompts: torch.Tensor, max_new_tokens: int
         done |= finished
         if bool(done.all()) or t == max_new_tokens - 1:
             break
-        out = model(input_ids=nxt.unsqueeze(-1), past_key_values=cache, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        out = model(input_ids=nxt.unsqueeze(-1), use_cache=True, **{CACHE_ARG: cache})
+        cache, logits = getattr(out, CACHE_ARG), out.logits[:, -1]
     return [tokens[i, : lengths[i]].tolist() for i in range(n)]
 
 
