@@ -400,6 +400,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
     if "test/acc" not in history[-1]:
         history[-1].update(evaluate(model, tokenizer, test_qs, cfg, score))
         metrics_file.write(json.dumps({"step": history[-1]["step"], "final_eval": True,
+                                       "fresh_consumed": history[-1].get("fresh_consumed", 0),
                                        **{k: v for k, v in history[-1].items() if k.startswith("test/")}}) + "\n")
     metrics_file.close()
     steps_run = [h for h in history if h["step"] > 0]

@@ -34,10 +34,11 @@ def test_report_table_by_hand(tmp_path):
         _result("exgrpo", 0, [(0, 0, 0.1), (10, 80, 0.2), (20, 100, 0.4)], 20, replay_share=0.25, retired=3),
     ]
     table = bench.report(results, tmp_path, target=None)
-    # target = start + half of GRPO's mean gain = 0.1 + 0.5 * (0.25 - 0.1)
-    assert "Target accuracy: 0.175" in table
+    # target = start + 90% of GRPO's mean gain = 0.1 + 0.9 * (0.25 - 0.1)
+    assert "Target accuracy: 0.235" in table
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines() if line.startswith("| ")}
     assert rows["grpo"][2] == "0.250 ± 0.071"  # final accuracy mean ± sample sd
     assert rows["exgrpo"][2] == "0.400 ± 0.000" and rows["exgrpo"][3] == "0.200 ± 0.000"  # at GRPO's 10 steps
-    assert rows["exgrpo"][5] == "10" and rows["exgrpo"][6] == "80" and rows["grpo"][7] == "2/2"
+    assert rows["exgrpo"][5] == "20" and rows["exgrpo"][6] == "100" and rows["grpo"][7] == "1/2"
+    assert rows["grpo"][5] == "10" and rows["grpo"][6] == "100"
     assert (tmp_path / "sample_efficiency.png").stat().st_size > 0 and (tmp_path / "table.md").exists()
