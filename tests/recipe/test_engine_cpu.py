@@ -29,8 +29,6 @@ from exgrpo.objective import exgrpo_policy_loss  # noqa: E402
 from exgrpo.selection import mean_token_entropy  # noqa: E402
 from recipe.exgrpo.records import IS_REPLAY_FIELD, MEAN_ENTROPY_FIELD, PAST_LOG_PROBS_FIELD  # noqa: E402
 
-pytestmark = pytest.mark.slow  # shares the session's engine worker (~10-20 s to build)
-
 PAIRS = [  # (prompt ids, response ids) of different lengths
     ([1, 5, 6, 7], [8, 9, 10, 2]),
     ([1, 5], [11, 12, 13, 14, 15, 2]),

@@ -136,7 +136,6 @@ def test_disabled_exgrpo_accepts_any_verl_grpo_batching():
     check_verl_settings(config, core)  # the on-policy baseline needs no ExGRPO-specific setting
 
 
-@pytest.mark.slow
 def test_entry_point_prints_the_composed_job_config():
     """``python -m recipe.exgrpo.main_exgrpo --cfg job`` (hydra) prints the config without starting anything."""
     result = subprocess.run(

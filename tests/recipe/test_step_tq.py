@@ -19,8 +19,6 @@ pytest.importorskip("verl")
 import torch  # noqa: E402
 from recipe_helpers import CPU_ENGINE_OVERRIDES, compose_config  # noqa: E402
 
-pytestmark = pytest.mark.slow
-
 K = 4
 # Scripted correctness: q0 2/4, q1 1/4, q2 4/4 (retires), q3 0/4; later questions mixed.
 CORRECT = {"q0": {0, 1}, "q1": {1}, "q2": {0, 1, 2, 3}, "q3": set(), "q4": {0, 2}, "q5": {3}}
