@@ -337,7 +337,7 @@ class ExGRPOTrainer(PPOTrainerSync):
         records = []
         for prompt_ids, response_ids in pairs:
             prompts = torch.as_tensor(prompt_ids, dtype=torch.int64).reshape(-1)
-            responses = torch.as_tensor(np.asarray(response_ids), dtype=torch.int64).reshape(-1)
+            responses = torch.tensor(np.asarray(response_ids), dtype=torch.int64).reshape(-1)
             records.append(_scoring_record(prompts, responses, torch.ones_like(responses)))
         dp_size = self._actor_dp_size()
         eos = int(self.tokenizer.eos_token_id)
@@ -393,7 +393,7 @@ class ExGRPOTrainer(PPOTrainerSync):
         futures = []
         for i, (template, member) in enumerate(zip(templates, members, strict=True)):
             prompts = torch.as_tensor(template["prompts"], dtype=torch.int64).reshape(1, -1)
-            responses = torch.as_tensor(np.asarray(member.token_ids), dtype=torch.int64).reshape(1, -1)
+            responses = torch.tensor(np.asarray(member.token_ids), dtype=torch.int64).reshape(1, -1)
             input_ids = torch.cat([prompts, responses], dim=1)
             tensors = TensorDict(
                 {

@@ -17,8 +17,6 @@ pytest.importorskip("verl")
 
 from recipe_helpers import REPO  # noqa: E402
 
-pytestmark = pytest.mark.slow  # starts its own Ray cluster in a subprocess (~60-80 s on two cores)
-
 
 def test_entry_point_runs_through_task_runner_and_trainer_init_up_to_the_gpu_pool(tmp_path):
     import harness
