@@ -1,6 +1,7 @@
 """ExGRPO: experience-replay GRPO for LLM reasoning, as a verl 0.9.1 recipe plus a verl-free core.
 
-CPU install (never pulls a CUDA torch): ``pip install torch==2.13.0`` first, then ``pip install -e .[verl,test]``.
+CPU install: ``pip install torch==2.13.0`` first (from PyTorch's CPU wheel index where PyPI would serve the CUDA
+build), then ``pip install -e .[verl,data,test]``; ``run_scripts/install_cpu.sh`` does both.
 GPU install: ``pip install -e .[gpu]`` brings the stack verl 0.9.1 pins for FSDP + vLLM (its own torch build).
 """
 
