@@ -126,6 +126,16 @@ def test_bad_exgrpo_or_incompatible_verl_settings_fail_naming_the_key(override, 
         check_verl_settings(config, core)
 
 
+def test_yaml_comments_name_the_pool_file_the_trainer_writes():
+    import re
+
+    from recipe.exgrpo.settings import POOL_FILE_NAME
+
+    text = (REPO / "recipe" / "exgrpo" / "config" / "exgrpo_trainer.yaml").read_text()
+    named = set(re.findall(r"exgrpo_pool\.\w+", text))
+    assert named == {POOL_FILE_NAME}
+
+
 def test_yaml_defaults_to_the_papers_group_size():
     assert compose_config(BASE).actor_rollout_ref.rollout.n == 8
 
