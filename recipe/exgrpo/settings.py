@@ -112,6 +112,22 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
             "algorithm.rollout_correction.bypass_mode=true replaces old_log_probs by the rollout engine's "
             "log-probs, which do not exist for replayed rows; keep it false"
         )
+    filter_groups = algorithm.get("filter_groups", None) or {}
+    if filter_groups.get("enable", False):
+        raise ValueError(
+            "algorithm.filter_groups.enable=true: verl's dynamic sampling evicts every group whose sampled rewards "
+            "all agree, and a replay group is sampled with only its K - 1 fresh rollouts (the stored success is "
+            "added afterwards), so the replay groups whose fresh rollouts all fail, the ones replay is for, would "
+            "silently be replaced by fresh refills; keep it false"
+        )
+    sampler = (trainer["v1"].get("sampler", None) or {}).get("custom_sampler", None) or {}
+    for key in ("path", "name"):
+        if sampler.get(key, None):
+            raise ValueError(
+                f"trainer.v1.sampler.custom_sampler.{key}={sampler.get(key)!r}: ExGRPO completes replay groups "
+                "after verl's built-in ReplayBuffer.sample and relies on its refill and group semantics; a custom "
+                "sampler is not supported (leave custom_sampler.path and .name null)"
+            )
     loss_mode = (config["actor_rollout_ref"]["actor"].get("policy_loss", None) or {}).get("loss_mode", "vanilla")
     if loss_mode != "vanilla":
         raise ValueError(

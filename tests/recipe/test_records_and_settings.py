@@ -114,6 +114,9 @@ def test_recipe_yaml_composes_passes_verl_validation_and_ties_k_to_rollout_n():
         ("exgrpo.allow_empty_pool_on_resume=maybe", "allow_empty_pool_on_resume"),
         ("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "loss_mode"),
         ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi_turn"),
+        ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.enable"),
+        ("trainer.v1.sampler.custom_sampler.path=my_sampler.py", "trainer.v1.sampler.custom_sampler.path"),
+        ("trainer.v1.sampler.custom_sampler.name=MySampler", "trainer.v1.sampler.custom_sampler.name"),
     ],
 )
 def test_bad_exgrpo_or_incompatible_verl_settings_fail_naming_the_key(override, message):
@@ -144,6 +147,14 @@ def test_disabled_exgrpo_accepts_any_verl_grpo_batching():
     config = compose_config([*BASE, "exgrpo.enable=false", "data.gen_batch_size=null"])
     core, _ = load_settings(config)
     check_verl_settings(config, core)  # the on-policy baseline needs no ExGRPO-specific setting
+
+
+def test_disabled_exgrpo_accepts_dynamic_sampling_and_a_custom_sampler():
+    config = compose_config([*BASE, "exgrpo.enable=false", "algorithm.filter_groups.enable=true",
+                             "trainer.v1.sampler.custom_sampler.path=my_sampler.py",
+                             "trainer.v1.sampler.custom_sampler.name=MySampler"])
+    core, _ = load_settings(config)
+    check_verl_settings(config, core)  # only replay needs them off
 
 
 def test_entry_point_prints_the_composed_job_config():
