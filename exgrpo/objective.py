@@ -14,11 +14,20 @@ f(w) is evaluated as sigmoid(log w - log beta), which is the same number but sta
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 _LOG_RATIO_CLAMP = 20.0  # verl's clamp of the on-policy log-ratio
+
+# Replay statistics as additive sums. A batch split into micro-batches (and ranks) reports these, and only the
+# quotients of the totals, :func:`replay_means`, are the true means over the whole batch: averaging per-micro-batch
+# means would weight a micro-batch by its count of micro-batches, not of tokens, and count one without replayed
+# tokens as a 0.
+REPLAY_SUM_KEYS = ("exgrpo/response_tokens", "exgrpo/replay_tokens", "exgrpo/w_sum", "exgrpo/fw_sum")
+REPLAY_MEAN_KEYS = ("exgrpo/replay_token_share", "exgrpo/w_mean", "exgrpo/fw_mean")
+REPLAY_MAX_KEY = "exgrpo/w_max"  # 0 when nothing is replayed, which is neutral for a maximum since w > 0
 
 
 def shaped_weight(w: torch.Tensor, beta: float) -> torch.Tensor:
@@ -69,6 +78,24 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum()) / count if count else 0.0
 
 
+def replay_means(sums: Mapping[str, float], prefix: str = "") -> dict[str, float]:
+    """``exgrpo/replay_token_share``, ``w_mean`` and ``fw_mean`` from summed :data:`REPLAY_SUM_KEYS`.
+
+    ``sums`` may hold the totals under ``prefix`` (e.g. ``"actor/"`` after verl renames the actor's metrics) and
+    may be scaled by any common factor (verl averages sums over ranks and mini-batches): only ratios are taken.
+    A mean over no tokens is 0.
+    """
+    def total(name: str) -> float:
+        return float(sums[prefix + name])
+
+    tokens, replayed = total("exgrpo/response_tokens"), total("exgrpo/replay_tokens")
+    return {
+        prefix + "exgrpo/replay_token_share": replayed / tokens if tokens else 0.0,
+        prefix + "exgrpo/w_mean": total("exgrpo/w_sum") / replayed if replayed else 0.0,
+        prefix + "exgrpo/fw_mean": total("exgrpo/fw_sum") / replayed if replayed else 0.0,
+    }
+
+
 def exgrpo_policy_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
@@ -95,7 +122,8 @@ def exgrpo_policy_loss(
     Replayed rows: -A * f(w), w = pi_theta / pi_past (``past_log_prob``, recorded at collection), no clip;
     with ``shaping=False`` the plain ratio -A * w (the ablation, log-ratio clamped like verl's).
     Returns the aggregated loss and float metrics (verl's clip fractions and KL over fresh tokens; replay
-    token share, mean/max w and mean f(w) over replayed tokens).
+    token share, mean/max w and mean f(w) over replayed tokens, and the sums :func:`replay_means` turns into
+    those means when a batch is reported in parts).
     """
     if not (log_prob.shape == old_log_prob.shape == past_log_prob.shape == advantages.shape == response_mask.shape):
         raise ValueError(
@@ -137,18 +165,24 @@ def exgrpo_policy_loss(
     )
 
     with torch.no_grad():
-        n_tokens = float(mask.sum())
         n_replay = float(replay_mask.sum())
         detached_ratio = past_log_ratio.detach().double()
+        replay_weights = replay_mask.double()
+        sums = {
+            "exgrpo/response_tokens": float(mask.sum()),
+            "exgrpo/replay_tokens": n_replay,
+            # where() keeps a masked-out overflow (inf * 0 = nan) out of the sum
+            "exgrpo/w_sum": float(torch.where(replay_mask.bool(), detached_ratio.exp(), 0.0).sum()),
+            "exgrpo/fw_sum": float((torch.sigmoid(detached_ratio - math.log(beta)) * replay_weights).sum()),
+        }
         metrics = {
             "actor/pg_clipfrac": _masked_mean(torch.gt(clipped, unclipped).float(), fresh_mask),
             "actor/ppo_kl": _masked_mean(-log_ratio.detach(), fresh_mask),
             "actor/pg_clipfrac_lower": _masked_mean(
                 (torch.gt(ppo, -advantages * clip_ratio_c) & (advantages < 0)).float(), fresh_mask
             ),
-            "exgrpo/replay_token_share": n_replay / n_tokens if n_tokens else 0.0,
-            "exgrpo/w_mean": _masked_mean(detached_ratio.exp(), replay_mask) if n_replay else 0.0,
-            "exgrpo/w_max": math.exp(float(detached_ratio[replay_mask.bool()].max())) if n_replay else 0.0,
-            "exgrpo/fw_mean": _masked_mean(torch.sigmoid(detached_ratio - math.log(beta)), replay_mask),
+            **sums,
+            **replay_means(sums),
+            REPLAY_MAX_KEY: math.exp(float(detached_ratio[replay_mask.bool()].max())) if n_replay else 0.0,
         }
     return loss, metrics

@@ -158,3 +158,22 @@ def test_equals_verl_vanilla_loss_when_nothing_is_replayed(seed, mode, clip):
     assert torch.allclose(g_got, g_expected, rtol=1e-5, atol=1e-7)
     for key in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"):
         assert metrics[key] == pytest.approx(vmetrics[key], rel=1e-5, abs=1e-7)
+
+
+def test_replay_sums_of_parts_give_the_whole_batchs_means():
+    from exgrpo.objective import REPLAY_MEAN_KEYS, REPLAY_SUM_KEYS, replay_means
+
+    gen = torch.Generator().manual_seed(0)
+    log_prob, old, past, adv = (torch.randn(6, 5, generator=gen) for _ in range(4))
+    mask = (torch.rand(6, 5, generator=gen) > 0.3).float()
+    replay = [True, False, False, False, True, True]  # the middle part has no replayed row
+    _, whole = _loss(log_prob, old, past, adv, mask, replay)
+    totals = dict.fromkeys(REPLAY_SUM_KEYS, 0.0)
+    for rows in (slice(0, 2), slice(2, 4), slice(4, 6)):
+        _, part = _loss(log_prob[rows], old[rows], past[rows], adv[rows], mask[rows], replay[rows])
+        for key in REPLAY_SUM_KEYS:
+            totals[key] += part[key]
+    means = replay_means(totals)
+    for key in REPLAY_MEAN_KEYS:
+        assert means[key] == pytest.approx(whole[key], rel=1e-9), key
+    assert replay_means(dict.fromkeys(REPLAY_SUM_KEYS, 0.0)) == dict.fromkeys(REPLAY_MEAN_KEYS, 0.0)

@@ -19,8 +19,48 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.config import ActorConfig
 from verl.workers.utils.padding import no_padding_2_padding
 
-from exgrpo.objective import exgrpo_policy_loss
+from exgrpo.objective import REPLAY_MAX_KEY, REPLAY_MEAN_KEYS, REPLAY_SUM_KEYS, exgrpo_policy_loss, replay_means
 from recipe.exgrpo.records import IS_REPLAY_FIELD, PAST_LOG_PROBS_FIELD
+
+# verl prefixes the actor's metrics with this before the trainer reduces them (PPOTrainer._update_actor).
+ACTOR_METRIC_PREFIX = "actor/"
+
+
+def policy_metrics(raw_metrics: dict[str, float]) -> dict[str, Metric]:
+    """The policy term's float metrics as verl ``Metric``s, each with the reduction that keeps it exact.
+
+    verl reduces a micro-batch's metrics over micro-batches and ranks by their aggregation type (SUM: mean over
+    ranks, summed over micro-batches; MAX: maximum of all). Replay sums are therefore SUM (every sum gets the
+    same factor, so their quotients are exact) and the per-micro-batch replay means are left out (the trainer
+    recomputes them from the sums, :func:`finish_replay_metrics`); the largest w is MAX; verl's fresh-token
+    statistics keep ``ppo_loss``'s per-micro-batch MEAN.
+    """
+    out = {}
+    for name, value in raw_metrics.items():
+        if name in REPLAY_MEAN_KEYS:
+            continue
+        if name in REPLAY_SUM_KEYS:
+            aggregation = AggregationType.SUM
+        elif name == REPLAY_MAX_KEY:
+            aggregation = AggregationType.MAX
+        else:
+            aggregation = AggregationType.MEAN
+        out[name] = Metric(value=value, aggregation=aggregation)
+    return out
+
+
+def finish_replay_metrics(metrics: dict[str, Any], prefix: str = ACTOR_METRIC_PREFIX) -> None:
+    """Replace the reduced replay sums in the trainer's step metrics by the means over the step's replayed tokens.
+
+    Called on the metrics verl's ``_update_actor`` produced (renamed with ``prefix`` and reduced over
+    mini-batches); the sums themselves are dropped, their scale depends on the numbers of ranks and
+    mini-batches. Does nothing when the actor did not report them (ExGRPO loss not installed).
+    """
+    if not all(prefix + name in metrics for name in REPLAY_SUM_KEYS):
+        return
+    metrics.update(replay_means(metrics, prefix=prefix))
+    for name in REPLAY_SUM_KEYS:
+        metrics.pop(prefix + name)
 
 
 def exgrpo_actor_loss(
@@ -97,8 +137,10 @@ def exgrpo_actor_loss(
         batch_num_tokens=info.get("batch_num_tokens"),
         global_batch_size=info.get("global_batch_size"),
     )
-    # Same metric names as ppo_loss (the core mirrors verl's), plus the exgrpo/* replay statistics.
-    metrics: dict[str, Any] = dict(Metric.from_dict(raw_metrics, aggregation=AggregationType.MEAN))
+    # Same metric names as ppo_loss (the core mirrors verl's), plus the exgrpo/* replay statistics as sums and a
+    # maximum; the trainer turns the reduced sums into means (finish_replay_metrics). A per-micro-batch mean
+    # would be averaged over micro-batches, those without replayed tokens counting as 0.
+    metrics: dict[str, Any] = dict(policy_metrics(raw_metrics))
     metrics["actor/pg_loss"] = Metric(value=pg_loss, aggregation=metric_aggregation)
     policy_loss = pg_loss
 

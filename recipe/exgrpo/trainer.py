@@ -42,6 +42,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from exgrpo.pool import ExperiencePool
 from exgrpo.selection import select_lowest_entropy
 from recipe.exgrpo.composition import FreshRow, FreshSource, StepPlan, plan_step, question_id
+from recipe.exgrpo.loss import finish_replay_metrics
 from recipe.exgrpo.records import (
     CANDIDATE_PARTITION,
     MEAN_ENTROPY_FIELD,
@@ -228,6 +229,13 @@ class ExGRPOTrainer(PPOTrainerSync):
 
         with marked_timer("exgrpo_collect", timing_raw, color="purple"):
             self.collect_experience(batch, metrics)
+        return batch
+
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """The parent's update; then the replay statistics become means over the step's replayed tokens."""
+        batch = super()._update_actor(batch, metrics=metrics)
+        if self.exgrpo_enabled:
+            finish_replay_metrics(metrics)
         return batch
 
     # ------------------------------------------------------------------ replay insertion

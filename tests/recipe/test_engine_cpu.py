@@ -147,3 +147,103 @@ def test_candidate_entropy_scoring_equals_direct_forward_whatever_the_batch(acto
     scores = actor_worker.score_candidates(td)[MEAN_ENTROPY_FIELD]
     assert torch.isnan(scores[1]) and torch.isclose(scores[0], expected[0], rtol=1e-4)
     assert torch.equal(mean_token_entropy(torch.ones(1, 2), torch.zeros(1, 2)).isnan(), torch.tensor([True]))
+
+
+def test_replay_metrics_of_an_update_are_means_over_its_replayed_tokens(actor_worker, tiny_model_dir):
+    """One mini-batch in three micro-batches of two rows: the middle one holds no replayed row, the others replayed
+    rows of 4, 6 and 2 tokens. verl's update path (per-micro-batch Metric, dp gather, aggregate_dp, the trainer's
+    rename + reduce_metrics) and the recipe's finishing step must give the plain mean over the 12 replayed tokens,
+    not a mean of per-micro-batch means with the empty one as 0."""
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.metric import reduce_metrics
+    from verl.utils.py_functional import rename_dict
+
+    from recipe.exgrpo.loss import finish_replay_metrics
+
+    pairs = PAIRS + [([1, 9], [30, 31, 32, 33, 34, 2]), ([1, 8, 8], [40, 2])]
+    is_replay = [1, 0, 0, 0, 1, 1]
+    gen = torch.Generator().manual_seed(1)
+    lengths = [len(r) for _, r in pairs]
+    td = sequence_batch(pairs)
+    td["old_log_probs"] = nested(-1.0 - torch.rand(n, generator=gen) for n in lengths)
+    td["advantages"] = nested(torch.full((n,), 0.5 - i % 2) for i, n in enumerate(lengths))
+    td[PAST_LOG_PROBS_FIELD] = nested(-2.0 - 3 * torch.rand(n, generator=gen) for n in lengths)
+    td[IS_REPLAY_FIELD] = torch.tensor(is_replay, dtype=torch.int64)
+
+    # Hand computation on an independent forward with the weights the update will see.
+    model = reference_model(actor_worker.actor.engine, tiny_model_dir)
+    with torch.no_grad():
+        log_probs, _ = reference_response_outputs(model, pairs)
+    past = list(td[PAST_LOG_PROBS_FIELD].unbind())
+    w = torch.cat([(lp - p).exp() for lp, p, r in zip(log_probs, past, is_replay, strict=True) if r])
+    assert w.numel() == 12
+    expected = {
+        "actor/exgrpo/w_mean": float(w.mean()),
+        "actor/exgrpo/fw_mean": float((w / (w + 0.1)).mean()),
+        "actor/exgrpo/w_max": float(w.max()),
+        "actor/exgrpo/replay_token_share": 12 / sum(lengths),
+    }
+
+    tu.assign_non_tensor(
+        td, mini_batch_size=len(pairs), epochs=1, seed=0, dataloader_kwargs={"shuffle": False},
+        global_batch_size=len(pairs), temperature=1.0, calculate_entropy=False, use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=2, use_remove_padding=False, use_fused_kernels=False,
+    )
+    optimizer = actor_worker.actor.engine.optimizer
+    saved_lr = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0  # the shared worker's weights stay as they are for the other tests
+    try:
+        output = actor_worker.actor.train_mini_batch(td)
+    finally:
+        for group, lr in zip(optimizer.param_groups, saved_lr, strict=True):
+            group["lr"] = lr
+    metrics = reduce_metrics(rename_dict(output["metrics"], "actor/"))  # as PPOTrainer._update_actor does
+    finish_replay_metrics(metrics)
+    for name, value in expected.items():
+        assert metrics[name] == pytest.approx(value, rel=1e-4), name
+    assert not any(key.endswith(("_sum", "_tokens")) for key in metrics if key.startswith("actor/exgrpo/"))
+
+
+def test_replay_metrics_reduced_over_ranks_and_mini_batches_are_means_over_all_replayed_tokens():
+    """Two data-parallel ranks, two mini-batches of two micro-batches, replayed tokens spread unevenly (some
+    micro-batches and one rank's whole mini-batch without any), reduced by verl's own steps: per-rank lists of
+    micro-batch Metrics, Metric.aggregate_dp over ranks, one value per mini-batch, rename + reduce_metrics."""
+    from verl.utils.metric import Metric, reduce_metrics
+    from verl.utils.py_functional import append_to_dict, rename_dict
+
+    from recipe.exgrpo.loss import finish_replay_metrics, policy_metrics
+
+    gen = torch.Generator().manual_seed(3)
+    all_w, n_tokens, per_mini_batch = [], 0, []
+    for mini_batch in range(2):
+        per_rank = []
+        for rank in range(2):
+            rank_metrics: dict = {}
+            for micro in range(2):
+                rows, width = 2 + rank, 3 + micro + mini_batch
+                mask = (torch.rand(rows, width, generator=gen) > 0.3).float()
+                is_replay = torch.rand(rows, generator=gen) > (0.3 if (mini_batch, rank) != (1, 0) else 2.0)
+                past = -1.0 - torch.rand(rows, width, generator=gen)
+                log_prob = past + torch.randn(rows, width, generator=gen)
+                _, raw = exgrpo_policy_loss(log_prob, log_prob - 0.1, past, torch.randn(rows, width, generator=gen),
+                                            mask, is_replay, beta=0.1)
+                append_to_dict(rank_metrics, policy_metrics(raw))  # what postprocess_batch_func does
+                replayed = mask.bool() & is_replay.unsqueeze(-1)
+                all_w.append((log_prob - past).double().exp()[replayed])
+                n_tokens += int(mask.sum())
+            per_rank.append(rank_metrics)
+        gathered = {key: [m[key] for m in per_rank] for key in per_rank[0]}  # allgather_dict_into_dict
+        per_mini_batch.append({key: Metric.aggregate_dp(vals) for key, vals in gathered.items()})
+    step_metrics: dict = {}
+    for output in per_mini_batch:
+        append_to_dict(step_metrics, output)
+    metrics = reduce_metrics(rename_dict(step_metrics, "actor/"))
+    finish_replay_metrics(metrics)
+
+    w = torch.cat(all_w)
+    assert w.numel() > 0
+    assert metrics["actor/exgrpo/w_mean"] == pytest.approx(float(w.mean()), rel=1e-6)
+    assert metrics["actor/exgrpo/fw_mean"] == pytest.approx(float((w / (w + 0.1)).mean()), rel=1e-6)
+    assert metrics["actor/exgrpo/w_max"] == pytest.approx(float(w.max()), rel=1e-6)
+    assert metrics["actor/exgrpo/replay_token_share"] == pytest.approx(w.numel() / n_tokens, rel=1e-6)

@@ -111,6 +111,9 @@ def test_two_steps_fresh_then_replay_with_real_tq_and_engine(harness, tq_cluster
     submitted = trainer.agent_loop_manager.submitted[submitted_before:]
     assert sorted((s["qid"], s["n"]) for s in submitted) == [("q0", K - 1), ("q1", K - 1), ("q4", K), ("q5", K)]
     assert metrics["exgrpo/replay_questions"] == 2.0 and metrics["exgrpo/inserted"] == 2.0
+    # The actor's replay statistics arrive as means over the step's replayed tokens, the sums behind them removed.
+    assert metrics["actor/exgrpo/w_mean"] > 0 and 0 < metrics["actor/exgrpo/replay_token_share"] < 1
+    assert "actor/exgrpo/w_sum" not in metrics and "actor/exgrpo/replay_tokens" not in metrics
     uid_of = {s["qid"]: s["uid"] for s in submitted}
     inserted = {qid: f"{uid_of[qid]}_{K - 1}_0" for qid in ("q0", "q1")}
     assert all(key in batch.keys for key in inserted.values())
