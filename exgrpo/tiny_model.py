@@ -23,6 +23,10 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 CHARS = "0123456789+-=Q: \\boxed{}"
+# transformers (5.x) loads the tokenizer of any model_type=qwen2 folder as its byte-level Qwen2Tokenizer, and so do
+# verl and vLLM: space and newline arrive as these byte-level symbols (verl's agent loop needs "\n" to be one token).
+# Every other character above is its own byte-level symbol.
+BYTE_LEVEL_SPACE, BYTE_LEVEL_NEWLINE = "\u0120", "\u010a"
 # Concatenates the messages' contents, so verl's RLHFDataset (apply_chat_template) sees the same prompt text.
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 # transformers renamed the KV-cache argument and output field from past_key_values to cache (5.2x deprecates the
@@ -53,6 +57,11 @@ class TinyModelConfig:
     warm_start_target_acc: float | None = 0.3
     warm_start_check_every: int = 25
     seed: int = 0
+    # A model folder that verl and vLLM serve exactly as it was trained (the verl CPU job): a byte-level vocabulary
+    # (transformers' Qwen2 tokenizer, which they use, then gives the same ids), and prompts left-filled with spaces
+    # to prompt_width by the chat template itself, so the rollout engine sees the warm start's fixed-width prompts
+    # without pad tokens or an attention mask (unpadded prompts cut this model's accuracy ~10x).
+    vllm_compatible: bool = False
 
     @classmethod
     def from_dict(cls, values: dict) -> TinyModelConfig:
@@ -76,13 +85,30 @@ class TinyModelConfig:
         return cfg
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {PAD: 0, EOS: 1, UNK: 2} | {c: i + 3 for i, c in enumerate(CHARS)}
+def build_tokenizer(vllm_compatible: bool = False, prompt_width: int = 10) -> PreTrainedTokenizerFast:
+    """One token per character; with ``vllm_compatible`` the byte-level form of it (see TinyModelConfig)."""
+    if vllm_compatible:
+        chars = CHARS.replace(" ", BYTE_LEVEL_SPACE) + BYTE_LEVEL_NEWLINE
+    else:
+        chars = CHARS
+    vocab = {PAD: 0, EOS: 1, UNK: 2} | {c: i + 3 for i, c in enumerate(chars)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
+    split = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    if vllm_compatible:  # after the byte-level mapping there is no raw newline left for "." to miss
+        core.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False), split]
+        )
+        core.decoder = decoders.ByteLevel()
+    else:
+        core.pre_tokenizer = split
+        core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK)
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = (
+        "{% for message in messages %}{{ ' ' * (" + str(prompt_width) + " - message['content'] | length) }}"
+        "{{ message['content'] }}{% endfor %}"
+        if vllm_compatible
+        else CHAT_TEMPLATE
+    )
     return tok
 
 
@@ -173,7 +199,7 @@ def target_ids(tokenizer: PreTrainedTokenizerFast, answer: str, worked: str = ""
 
 def worked_line(prompt: str, answer: str) -> str:
     """The question restated with its result, e.g. ``Q:23+58=`` -> ``23+58=81``."""
-    return prompt.removeprefix("Q:") + answer
+    return prompt.lstrip().removeprefix("Q:") + answer
 
 
 def greedy_accuracy(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prompt_ids: torch.Tensor,
@@ -230,7 +256,10 @@ def warm_start(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prom
 
 
 def cache_key(cfg: TinyModelConfig, prompts: Sequence[str], answers: Sequence[str]) -> str:
-    digest = hashlib.sha1(json.dumps([asdict(cfg), list(prompts), list(answers)]).encode()).hexdigest()
+    fields = asdict(cfg)
+    if not fields["vllm_compatible"]:  # keys of models built before the option existed stay valid
+        del fields["vllm_compatible"]
+    digest = hashlib.sha1(json.dumps([fields, list(prompts), list(answers)]).encode()).hexdigest()
     return digest[:12]
 
 
@@ -242,7 +271,7 @@ def load_or_build(cache_root: str | Path, prompts: Sequence[str], answers: Seque
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
         model = Qwen2ForCausalLM.from_pretrained(path, attn_implementation="eager").float().eval()
         return model, tokenizer, path
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(cfg.vllm_compatible, cfg.prompt_width)
     model = build_model(tokenizer, cfg)
     start = time.perf_counter()
     result = warm_start(model, tokenizer, prompts, answers, cfg, progress=progress)

@@ -1,5 +1,6 @@
 # Sourced by the run scripts: enter a Python environment that has ExGRPO (CPU build) installed.
-# Uses the active virtualenv if there is one, else ./.venv (created on first use). Installing takes ~3 min once.
+# Uses the active virtualenv if there is one, else ./.venv in the repository (created on first use).
+# EXGRPO_WITH_VLLM=1 also needs vLLM's CPU build (run_scripts/install_cpu.sh --vllm); installing takes ~3 min once.
 _root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ -z "${VIRTUAL_ENV:-}" ]; then
   if [ ! -x "$_root/.venv/bin/python" ]; then
@@ -9,9 +10,16 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
   # shellcheck disable=SC1091
   . "$_root/.venv/bin/activate"
 fi
-if ! python -c "import verl, hypothesis, pytest, math_verify, tokenizers" 2>/dev/null \
-   || ! python -m pip show -q exgrpo >/dev/null 2>&1; then
-  echo "[exgrpo] installing the CPU environment (torch 2.13.0 CPU, verl 0.9.1, test tools) ..."
-  bash "$_root/run_scripts/install_cpu.sh"
+_check="import verl, hypothesis, pytest, math_verify, tokenizers"
+_install_args=()
+if [ "${EXGRPO_WITH_VLLM:-0}" = 1 ]; then
+  # verl finds vLLM through the "vllm" distribution metadata that install_cpu.sh --vllm registers
+  _check="$_check, vllm; import importlib.metadata as m; m.version('vllm')"
+  _install_args=(--vllm)
 fi
+if ! python -c "$_check" 2>/dev/null || ! python -m pip show -q exgrpo >/dev/null 2>&1; then
+  echo "[exgrpo] installing the CPU environment (torch 2.13.0 CPU, verl 0.9.1${_install_args[*]:+, vLLM CPU}, test tools) ..."
+  bash "$_root/run_scripts/install_cpu.sh" ${_install_args[@]+"${_install_args[@]}"}
+fi
+unset _check _install_args
 export TOKENIZERS_PARALLELISM=false

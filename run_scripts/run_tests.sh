@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
-source run_scripts/_env.sh
+EXGRPO_WITH_VLLM=1 source run_scripts/_env.sh
 python -m pytest -q "$@"

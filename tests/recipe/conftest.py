@@ -71,18 +71,19 @@ def tq_cluster():
 
 @pytest.fixture(scope="session")
 def cpu_engine_env():
-    """verl's CPU test platform + a one-process gloo group, for the whole session; restored afterwards."""
+    """The recipe's CPU platform + a one-process gloo group, for the whole session; restored afterwards."""
     import torch
     import torch.distributed as dist
-    from cpu_platform import CPUTestPlatform
     from verl.plugin.platform import platform_manager
+
+    from recipe.exgrpo.cpu import CPUPlatform
 
     saved_env = {k: os.environ.get(k) for k in ("VERL_ENGINE_DEVICE", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                                                "MASTER_ADDR", "MASTER_PORT")}
     os.environ.update(VERL_ENGINE_DEVICE="cuda", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     previous_platform = platform_manager._current_platform
-    platform_manager.set_platform(CPUTestPlatform())
+    platform_manager.set_platform(CPUPlatform())
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     # verl would ask for "cpu:gloo,cpu:gloo" (a duplicate) on this platform; a plain gloo group comes first.

@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# The launcher every run script sources (not run on its own). It checks the environment, then runs
+#   python -m recipe.exgrpo.main_exgrpo <reference run, SPEC §1.5> <the script's own> [CPU profile] <your overrides>
+# Everything after a script's name on its command line is passed to hydra and comes last, so any setting can be
+# overridden, e.g. `bash run_scripts/qwen2.5_math_7b_exgrpo.sh trainer.total_training_steps=10`.
+#
+# Environment (required): MODEL_PATH (a local Hugging Face model directory).
+# Environment (optional, default):
+#   DATA_DIR (data)                 TRAIN_FILE ($DATA_DIR/openr1.parquet, from data_preprocess/openr1.py)
+#   VAL_FILE ($DATA_DIR/math_valid.parquet): in-training monitoring only. The authors' validation set holds
+#       the test questions: never pick a checkpoint on it and report it as a test result.
+#   N_GPUS_PER_NODE (8)  NNODES (1)  ROLLOUT_TP (1: vLLM tensor parallel size)  GPU_MEM_UTIL (0.7)
+#   LOGGER ('["console"]', e.g. '["console","wandb"]')  PROJECT_NAME (exgrpo)  EXPERIMENT_NAME (script name)
+#   CKPT_DIR (checkpoints/$PROJECT_NAME/$EXPERIMENT_NAME)  CKPT_KEEP (3: actor checkpoints kept on disk)
+#   TOKENS_PER_GPU (18432: actor micro-batch token budget)  MAX_PROMPT_LENGTH (1024)  MAX_RESPONSE_LENGTH (8192)
+#   EXGRPO_DEVICE (gpu; cpu = the CPU profile below, set by cpu_verl_exgrpo.sh)
+#   DRY_RUN (unset; 1 = print the overrides one per line and exit without starting anything)
+# Relative paths are taken from the directory you run the script in and passed on as absolute paths (Ray workers,
+# the driver and a pre-started cluster's raylets each have their own working directory).
+# Multi-node: start Ray on every node first (`ray start --head` / `ray start --address=HEAD:6379`), export
+# RAY_ADDRESS=HEAD:6379 (or run on the head node), set NNODES; every node needs this repository at the same
+# path (shared filesystem or `pip install -e .`), since Ray workers import recipe.exgrpo.
+
+set -euo pipefail
+
+EXGRPO_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+exgrpo_fail() {
+  echo "error: $*" >&2
+  exit 2
+}
+
+exgrpo_require_env() {
+  local name="$1" hint="$2"
+  if [ -z "${!name:-}" ]; then
+    exgrpo_fail "environment variable $name is not set ($hint)"
+  fi
+}
+
+# exgrpo_abspath PATH: PATH made absolute against the caller's working directory (the file need not exist).
+exgrpo_abspath() {
+  case "$1" in
+    /*) printf '%s\n' "$1" ;;
+    *) printf '%s\n' "$PWD/${1#./}" ;;
+  esac
+}
+
+# exgrpo_check_context MIN_TOKENS: the model must accept prompt + response tokens.
+exgrpo_check_context() {
+  local need="$1" cfg="$MODEL_PATH/config.json"
+  [ -f "$cfg" ] || exgrpo_fail "$cfg not found: MODEL_PATH must be a local Hugging Face model directory"
+  local have
+  have="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("max_position_embeddings", 0))' "$cfg")"
+  if [ "$have" -lt "$need" ]; then
+    exgrpo_fail "$cfg has max_position_embeddings=$have < $need (max prompt + response). Qwen2.5-Math ships" \
+      "4096; raise it (and rope_theta) in a copy of the model folder as the authors did, or lower" \
+      "MAX_RESPONSE_LENGTH"
+  fi
+}
+
+exgrpo_check_chat_template() {
+  local tok="$MODEL_PATH/tokenizer_config.json"
+  if [ -f "$tok" ] && ! grep -q '"chat_template"' "$tok" && [ ! -f "$MODEL_PATH/chat_template.jinja" ]; then
+    exgrpo_fail "$MODEL_PATH has no chat template (verl applies one to every prompt); add one to" \
+      "tokenizer_config.json or chat_template.jinja, or pass actor_rollout_ref.model.custom_chat_template=..."
+  fi
+}
+
+# The CPU profile: verl's whole loop on a CPU (vLLM's CPU build for rollout, FSDP2 over gloo for the update) with a
+# tiny model. Only device, size and engine settings differ from the reference run; the README's "GPU vs CPU"
+# table gives each one's GPU value and the reason. Requires `run_scripts/install_cpu.sh --vllm`.
+EXGRPO_CPU_PROFILE=(
+  # size: a 0.5M-parameter model on a 2-core machine
+  "data.train_batch_size=8"                              # B questions per step (GPU: 128)
+  "actor_rollout_ref.actor.ppo_mini_batch_size=4"        # two optimizer steps per step, as B=128 / 64
+  "actor_rollout_ref.actor.optim.lr=1e-4"                # a tiny model needs a 100x larger step to move
+  "trainer.total_training_steps=12"
+  "trainer.test_freq=6"
+  "trainer.save_freq=6"
+  # device: no GPU. Ray is told of one so verl's resource pool can place the worker; its work runs on the CPU.
+  "trainer.n_gpus_per_node=1"
+  "+ray_kwargs.ray_init.num_gpus=1"
+  "ray_kwargs.ray_init.num_cpus=16"                      # logical slots for verl's many small actors
+  "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"
+  "actor_rollout_ref.rollout.agent.num_workers=1"
+  "reward.num_workers=1"
+  # engine, update: fp32 (no bf16 kernels worth having on CPU), sdpa (no flash-attention), no torch.compile
+  "actor_rollout_ref.actor.fsdp_config.dtype=float32"
+  "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32"
+  "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32"
+  "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32"
+  "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false"
+  "actor_rollout_ref.actor.use_torch_compile=false"
+  "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"
+  "actor_rollout_ref.model.use_remove_padding=false"     # remove-padding needs flash-attention's varlen kernels
+  "actor_rollout_ref.model.enable_gradient_checkpointing=false"
+  # engine, rollout: vLLM's CPU backend in fp32, eager, no sleep mode (unsupported on CPU)
+  "actor_rollout_ref.rollout.dtype=float32"
+  "actor_rollout_ref.rollout.enforce_eager=true"
+  "+actor_rollout_ref.rollout.enable_sleep_mode=false"
+  "actor_rollout_ref.rollout.max_num_seqs=128"
+  "actor_rollout_ref.rollout.max_num_batched_tokens=2048"
+)
+
+# exgrpo_launch NAME [script overrides...] -- [user overrides...]
+exgrpo_launch() {
+  local name="$1"
+  shift
+  local device="${EXGRPO_DEVICE:-gpu}"
+  case "$device" in gpu | cpu) ;; *) exgrpo_fail "EXGRPO_DEVICE=$device: use gpu or cpu" ;; esac
+  exgrpo_require_env MODEL_PATH "a local Hugging Face model directory, e.g. /models/Qwen2.5-Math-7B"
+  MODEL_PATH="$(exgrpo_abspath "$MODEL_PATH")"
+  [ -d "$MODEL_PATH" ] || exgrpo_fail "MODEL_PATH=$MODEL_PATH is not a directory"
+  local data_dir train_file val_file
+  data_dir="$(exgrpo_abspath "${DATA_DIR:-data}")"
+  train_file="$(exgrpo_abspath "${TRAIN_FILE:-$data_dir/openr1.parquet}")"
+  val_file="$(exgrpo_abspath "${VAL_FILE:-$data_dir/math_valid.parquet}")"
+  [ -f "$train_file" ] || exgrpo_fail "training file $train_file not found (build it with" \
+    "python data_preprocess/openr1.py --output $train_file, or set TRAIN_FILE / DATA_DIR)"
+  [ -f "$val_file" ] || exgrpo_fail "validation file $val_file not found (set VAL_FILE or DATA_DIR)"
+  local max_prompt="${MAX_PROMPT_LENGTH:-1024}" max_response="${MAX_RESPONSE_LENGTH:-8192}"
+  exgrpo_check_context $((max_prompt + max_response))
+  exgrpo_check_chat_template
+
+  local project="${PROJECT_NAME:-exgrpo}" experiment="${EXPERIMENT_NAME:-$name}"
+  local ckpt_dir
+  ckpt_dir="$(exgrpo_abspath "${CKPT_DIR:-checkpoints/$project/$experiment}")"
+  # Ray workers import recipe.exgrpo: put the repository in front of whatever PYTHONPATH the user has (a verl
+  # source checkout, a container's paths), never in place of it.
+  local pythonpath="$EXGRPO_REPO${PYTHONPATH:+:$PYTHONPATH}"
+  local overrides=(
+    "data.train_files=$train_file"
+    "data.val_files=$val_file"
+    "data.train_batch_size=128"
+    "data.max_prompt_length=$max_prompt"
+    "data.max_response_length=$max_response"
+    "data.filter_overlong_prompts=true"
+    "actor_rollout_ref.model.path=$MODEL_PATH"
+    "actor_rollout_ref.model.use_remove_padding=true"
+    "actor_rollout_ref.model.enable_gradient_checkpointing=true"
+    "actor_rollout_ref.actor.strategy=fsdp2"               # the engine the CPU end-to-end tests run
+    "actor_rollout_ref.ref.strategy=fsdp2"
+    "actor_rollout_ref.actor.optim.lr=1e-6"
+    "actor_rollout_ref.actor.optim.lr_scheduler_type=constant"
+    "actor_rollout_ref.actor.optim.weight_decay=0.01"
+    "actor_rollout_ref.actor.grad_clip=1.0"
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64"
+    "actor_rollout_ref.actor.ppo_epochs=1"
+    "actor_rollout_ref.actor.use_dynamic_bsz=true"
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=${TOKENS_PER_GPU:-18432}"
+    "actor_rollout_ref.actor.entropy_coeff=0.001"
+    # The entropy bonus over 8192-token responses: compute it in chunks and recompute it in the backward pass
+    # instead of keeping [tokens x vocabulary] activations (152k vocabulary: ~10 GB per 18k-token micro-batch).
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true"
+    "actor_rollout_ref.actor.entropy_checkpointing=true"
+    "actor_rollout_ref.actor.use_kl_loss=false"
+    "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"
+    "actor_rollout_ref.actor.loss_scale_factor=$max_response"
+    "actor_rollout_ref.rollout.name=vllm"
+    "actor_rollout_ref.rollout.n=8"
+    "actor_rollout_ref.rollout.temperature=1.0"
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=${ROLLOUT_TP:-1}"
+    "actor_rollout_ref.rollout.gpu_memory_utilization=${GPU_MEM_UTIL:-0.7}"
+    "actor_rollout_ref.rollout.max_num_batched_tokens=$((max_prompt + max_response))"
+    "actor_rollout_ref.rollout.val_kwargs.temperature=0.6"
+    "actor_rollout_ref.rollout.val_kwargs.top_p=1.0"
+    "actor_rollout_ref.rollout.val_kwargs.do_sample=true"
+    "actor_rollout_ref.rollout.val_kwargs.n=1"
+    "algorithm.adv_estimator=grpo"
+    "algorithm.norm_adv_by_std_in_grpo=false"
+    "algorithm.use_kl_in_reward=false"
+    "reward.custom_reward_function.path=$EXGRPO_REPO/exgrpo/reward.py"
+    "reward.custom_reward_function.name=compute_score"
+    "exgrpo.rho=0.5"
+    "exgrpo.beta=0.1"
+    "exgrpo.start_acc=0.35"
+    "trainer.total_training_steps=700"
+    "trainer.total_epochs=100"
+    "trainer.test_freq=10"
+    "trainer.save_freq=50"
+    # 700 steps saved every 50 would keep 14 full checkpoints (~85 GB each for a 7B model with its optimizer).
+    "trainer.max_actor_ckpt_to_keep=${CKPT_KEEP:-3}"
+    "trainer.val_before_train=true"
+    "trainer.n_gpus_per_node=${N_GPUS_PER_NODE:-8}"
+    "trainer.nnodes=${NNODES:-1}"
+    "trainer.logger=${LOGGER:-[\"console\"]}"
+    "trainer.project_name=$project"
+    "trainer.experiment_name=$experiment"
+    "trainer.default_local_dir=$ckpt_dir"
+    "+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='$pythonpath'"
+  )
+  if [ "$device" = cpu ]; then
+    # verl loads recipe.exgrpo.cpu in every process (driver, Ray workers, vLLM's engine) through
+    # VERL_USE_EXTERNAL_MODULES; VERL_PLATFORM=cpu switches it on. Ray workers get both through runtime_env.
+    export VERL_PLATFORM=cpu
+    case ",${VERL_USE_EXTERNAL_MODULES:-}," in
+      *,recipe.exgrpo.cpu,*) ;;
+      *) export VERL_USE_EXTERNAL_MODULES="recipe.exgrpo.cpu${VERL_USE_EXTERNAL_MODULES:+,$VERL_USE_EXTERNAL_MODULES}" ;;
+    esac
+    export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"  # GiB of KV cache for vLLM on CPU
+    overrides+=("${EXGRPO_CPU_PROFILE[@]}")
+  fi
+  local var
+  for var in VERL_PLATFORM VERL_USE_EXTERNAL_MODULES VLLM_CPU_KVCACHE_SPACE VERL_FILE_LOGGER_PATH; do
+    if [ -n "${!var:-}" ]; then
+      overrides+=("+ray_kwargs.ray_init.runtime_env.env_vars.$var='${!var}'")
+    fi
+  done
+  local extra=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    extra+=("$1")
+    shift
+  done
+  [ $# -gt 0 ] && shift  # drop "--"
+  overrides+=(${extra[@]+"${extra[@]}"} "$@")
+
+  if [ "${DRY_RUN:-}" = "1" ]; then
+    printf '%s\n' "${overrides[@]}"
+    return 0
+  fi
+  echo "[exgrpo] $name on $device: checkpoints in $ckpt_dir" >&2
+  export PYTHONPATH="$pythonpath"
+  exec python3 -m recipe.exgrpo.main_exgrpo "${overrides[@]}"
+}
