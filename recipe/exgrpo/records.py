@@ -115,8 +115,16 @@ def replay_record(
     """The record and tag of a replayed trajectory, completing its group as session ``session_id``.
 
     ``reward`` is the verifier's score of the stored response, recomputed like any other member's (None
-    when a colocated reward model will score the whole batch afterwards). ``rollout_log_probs`` holds the
-    behaviour log-probs recorded at collection, the closest thing to a rollout log-prob it has.
+    when a colocated reward model will score the whole batch afterwards).
+
+    verl reads ``rollout_log_probs`` and the ``min/max_global_steps`` range for its rollout-vs-trainer
+    diagnostics (``training/rollout_probs_diff_*``, ``rollout_corr/*``, off-policy staleness), which are about
+    the rollout engine, not about replay. So the record keeps the live record's step range (the weights that
+    generated the group's fresh members, which the actor still holds during this step) and
+    ``rollout_log_probs`` is a zero placeholder of the right length: the trainer overwrites it with the
+    current actor's log-probs right after verl's old-log-prob pass, before anything reads it. The replayed
+    trajectory's own age lives in ``extra_fields["exgrpo_collected_step"]`` and the ``exgrpo/`` metrics;
+    pi_past reaches the loss only through ``exgrpo_past_log_probs``.
     """
     prompts = template["prompts"]
     record = sequence_record(template, prompts, member.token_ids, session_id)
@@ -127,12 +135,11 @@ def replay_record(
             rm_scores[-1] = float(reward)
         record["rm_scores"] = rm_scores
     if "rollout_log_probs" in record:
-        record["rollout_log_probs"] = torch.as_tensor(np.asarray(member.log_probs, dtype=np.float32)).clone()
+        record["rollout_log_probs"] = torch.zeros(n, dtype=torch.float32)
     extra_fields = dict(record.get("extra_fields") or {})
     extra_fields["reward_extra_info"] = dict(reward_extra_info or {})
-    extra_fields["min_global_steps"] = member.step
-    extra_fields["max_global_steps"] = member.step
     extra_fields["exgrpo_replayed"] = True
+    extra_fields["exgrpo_collected_step"] = member.step
     record["extra_fields"] = extra_fields
     if "num_turns" in record:
         record["num_turns"] = 2  # system/user prompt + one assistant turn, as the single-turn loop reports
@@ -143,8 +150,6 @@ def replay_record(
         prompt_len=prompt_len,
         response_len=n,
         seq_len=prompt_len + n,
-        min_global_steps=member.step,
-        max_global_steps=member.step,
         exgrpo_replay=True,
     )
     tag.pop("is_padding", None)

@@ -57,18 +57,22 @@ def test_replay_record_keeps_every_field_and_replaces_sequence_reward_and_bookke
     template = live_record()
     member = ReplayedMember("u1", "q1", "u1_3_0", np.array([7, 8, 2], np.int32),
                             np.array([-1.0, -2.0, -0.5], np.float32), step=3)
-    record, tag = replay_record(template, {"status": "success", "seq_len": 8, "global_steps": 7}, member, 3,
-                                1.0, {"acc": 1.0})
+    live_tag = {"status": "success", "seq_len": 8, "global_steps": 7, "min_global_steps": 6, "max_global_steps": 6}
+    record, tag = replay_record(template, live_tag, member, 3, 1.0, {"acc": 1.0})
     assert set(record) == set(template)
     assert record["responses"].tolist() == [7, 8, 2] and record["prompts"].tolist() == [1, 5, 6]
     assert record["input_ids"].tolist() == [1, 5, 6, 7, 8, 2]
     assert record["position_ids"].tolist() == list(range(6))
     assert record["response_mask"].tolist() == [1, 1, 1] == record["loss_mask"].tolist()
     assert record["rm_scores"].tolist() == [0.0, 0.0, 1.0]
-    assert record["rollout_log_probs"].tolist() == [-1.0, -2.0, -0.5]
+    # Not pi_past: a placeholder the trainer overwrites with the current actor's log-probs (verl's rollout
+    # diagnostics read it); the step range is the live group's, the collection step is ExGRPO's own field.
+    assert record["rollout_log_probs"].tolist() == [0.0, 0.0, 0.0]
     assert record["session_id"] == 3 and record["uid"] == "u1"
     assert record["extra_fields"]["reward_extra_info"] == {"acc": 1.0}
-    assert record["extra_fields"]["min_global_steps"] == 3
+    assert record["extra_fields"]["min_global_steps"] == record["extra_fields"]["max_global_steps"] == 7
+    assert record["extra_fields"]["exgrpo_collected_step"] == 3
+    assert tag["min_global_steps"] == tag["max_global_steps"] == 6
     assert tag["prompt_len"] == 3 and tag["response_len"] == 3 and tag["seq_len"] == 6
     assert tag["global_steps"] == 7 and "is_padding" not in tag
     assert template["responses"].tolist() == [9, 9, 9, 9, 2]  # the live record is not modified

@@ -51,13 +51,14 @@ def fetch(tq, keys, fields=None):
     return tq.kv_batch_get(keys=list(keys), partition_id="train", select_fields=fields)
 
 
-def reference_entropies(worker, tiny_model_dir, prompt_ids, candidates):
+def reference_outputs(worker, tiny_model_dir, prompt_ids, candidates):
+    """Per-candidate response log-probs and mean entropy under the worker's current weights (direct forward)."""
     from recipe_helpers import reference_model, reference_response_outputs
 
     model = reference_model(worker.actor.engine, tiny_model_dir)
     with torch.no_grad():
-        _, ent = reference_response_outputs(model, [(list(prompt_ids), c.token_ids.tolist()) for c in candidates])
-    return [float(e.mean()) for e in ent]
+        logp, ent = reference_response_outputs(model, [(list(prompt_ids), c.token_ids.tolist()) for c in candidates])
+    return [lp.numpy() for lp in logp], [float(e.mean()) for e in ent]
 
 
 def test_two_steps_fresh_then_replay_with_real_tq_and_engine(harness, tq_cluster, actor_worker, tiny_model_dir):
@@ -104,9 +105,10 @@ def test_two_steps_fresh_then_replay_with_real_tq_and_engine(harness, tq_cluster
     submitted_before = len(trainer.agent_loop_manager.submitted)
     q0_candidates = pool.candidates("q0")
     # Independent expectation: mean entropies under the weights the insertion will see (after step 1's update).
-    expected_entropy = reference_entropies(actor_worker, tiny_model_dir, q0_prompt, q0_candidates)
+    expected_log_probs, expected_entropy = reference_outputs(actor_worker, tiny_model_dir, q0_prompt, q0_candidates)
     assert abs(expected_entropy[0] - expected_entropy[1]) > 1e-3  # the choice is not a tie
     lowest = q0_candidates[int(np.argmin(expected_entropy))].token_ids.tolist()
+    lowest_log_probs = expected_log_probs[int(np.argmin(expected_entropy))]
     batch, metrics = h.run_step(trainer)
     submitted = trainer.agent_loop_manager.submitted[submitted_before:]
     assert sorted((s["qid"], s["n"]) for s in submitted) == [("q0", K - 1), ("q1", K - 1), ("q4", K), ("q5", K)]
@@ -152,7 +154,28 @@ def test_two_steps_fresh_then_replay_with_real_tq_and_engine(harness, tq_cluster
     handle = trainer.reward_loop_manager.reward_loop_worker_handles[0]
     assert [r["reward_score"] for r in handle.results] == [1.0, 1.0]
     extra = fetch(tq, [inserted["q0"]], ["extra_fields"])["extra_fields"][0]
-    assert extra["reward_extra_info"]["leading"] == "12" and extra["min_global_steps"] == 1
+    assert extra["reward_extra_info"]["leading"] == "12" and extra["exgrpo_collected_step"] == 1
+
+    # verl's rollout diagnostics see the replayed rows as rollouts of this step by the current actor: their
+    # rollout_log_probs are the actor's log-probs (old_log_probs exactly; a direct forward of the weights before
+    # this step's update), their step range is the current step's, and the rollout-vs-actor diff is over the
+    # rows the rollout engine produced (here rollout_log_probs = -1 on every token).
+    step = trainer.global_steps
+    for qid, key in inserted.items():
+        i = batch.keys.index(key)
+        assert batch.tags[i]["min_global_steps"] == batch.tags[i]["max_global_steps"] == step
+        row = fetch(tq, [key], ["rollout_log_probs", "old_log_probs", "extra_fields"])
+        assert row["extra_fields"][0]["min_global_steps"] == row["extra_fields"][0]["max_global_steps"] == step
+        np.testing.assert_array_equal(row["rollout_log_probs"][0].numpy(), row["old_log_probs"][0].numpy())
+        if qid == "q0":
+            np.testing.assert_allclose(row["rollout_log_probs"][0].numpy(), lowest_log_probs, rtol=1e-4, atol=1e-5)
+    rollout_keys = [k for k in batch.keys if k not in inserted.values()]
+    rows = fetch(tq, rollout_keys, ["old_log_probs", "response_mask"])
+    diffs = np.concatenate([np.abs(np.exp(lp.numpy()) - np.exp(-1.0))[m.numpy().astype(bool)]
+                            for lp, m in zip(rows["old_log_probs"].unbind(), rows["response_mask"].unbind(),
+                                             strict=True)])
+    assert metrics["training/rollout_probs_diff_max"] == pytest.approx(diffs.max(), rel=1e-5)
+    assert metrics["training/rollout_probs_diff_mean"] == pytest.approx(diffs.mean(), rel=1e-5)
 
     # GRPO advantages over the mixed groups equal the core's (std-normalised, verl's default).
     real = [i for i, t in enumerate(batch.tags) if not t.get("is_padding")]
