@@ -14,6 +14,7 @@ metrics need are kept as counters.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections import OrderedDict
@@ -27,10 +28,21 @@ import numpy as np
 from exgrpo.config import ExGRPOConfig
 from exgrpo.sampling import allocate_counts, bucket_probabilities, draw_without_replacement
 
+logger = logging.getLogger(__name__)
+
 STATE_VERSION = 1
 _INT32 = np.dtype("<i4")
 _FLOAT32 = np.dtype("<f4")
 _INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What :meth:`ExperiencePool.collect` did with one question's fresh rollouts of a step."""
+
+    outcome: str  # update's outcome, or "skipped" (an unreadable reward, or no trajectory left)
+    dropped_trajectories: int = 0  # left out for a non-finite behaviour log-prob
+    invalid_reward: bool = False  # the question was skipped for a reward its reward_type cannot read
 
 
 @dataclass(frozen=True)
@@ -119,7 +131,7 @@ class ExperiencePool:
         self._trajectories = 0
         self._tokens = 0
         self.counters = {"evicted_questions": 0, "evicted_trajectories": 0, "dropped_duplicates": 0,
-                         "trimmed_trajectories": 0}
+                         "trimmed_trajectories": 0, "skipped_nonfinite_log_probs": 0, "skipped_invalid_reward": 0}
 
     # ---------------------------------------------------------------- the delayed start
     def success_rate(self, rewards: Iterable[float]) -> float:
@@ -164,16 +176,13 @@ class ExperiencePool:
             )
         scores = np.asarray(rewards, dtype=np.float64)
         if not np.all(np.isfinite(scores)):
-            raise ValueError(f"question {qid!r}: non-finite reward in {scores.tolist()}")
+            raise ValueError(f"question {qid!r}, {self.reward_problem(scores)}")
         if qid in self._retired:
             return "ignored"
+        problem = self.reward_problem(scores)
+        if problem is not None:
+            raise ValueError(f"question {qid!r}, {problem}")
         if self.config.reward_type == "binary":
-            bad = np.flatnonzero((scores != 0.0) & (scores != 1.0))
-            if bad.size:
-                raise ValueError(
-                    f"question {qid!r}, rollout {int(bad[0])}: reward {float(scores[bad[0]])!r} is not 0 or 1 "
-                    "(set reward_type: continuous for graded rewards)"
-                )
             successes = scores == 1.0
             k = int(successes.sum())
             if k == n:
@@ -181,12 +190,6 @@ class ExperiencePool:
             bucket = accuracy = k / n
         else:
             lo, hi = self.config.reward_min, self.config.reward_max
-            bad = np.flatnonzero((scores < lo - 1e-9) | (scores > hi + 1e-9))
-            if bad.size:
-                raise ValueError(
-                    f"question {qid!r}, rollout {int(bad[0])}: reward {float(scores[bad[0]])!r} outside "
-                    f"[reward_min, reward_max] = [{lo}, {hi}]"
-                )
             spread = float(np.std(scores)) / ((hi - lo) / 2.0)
             if spread < 1e-9:
                 if float(scores.mean()) >= hi - 1e-9:
@@ -214,6 +217,81 @@ class ExperiencePool:
         self._store(held, new)
         self._enforce_token_cap()
         return "stored"
+
+    def reward_problem(self, rewards: Sequence[float]) -> str | None:
+        """Why ``rewards`` cannot be read under ``reward_type`` (naming the first bad rollout), or None.
+
+        Binary rewards must be 0 or 1, continuous ones within [reward_min, reward_max]; neither may be NaN.
+        """
+        scores = np.asarray(rewards, dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(scores))
+        if bad.size:
+            return f"rollout {int(bad[0])}: reward {float(scores[bad[0]])!r} is not finite"
+        if self.config.reward_type == "binary":
+            bad = np.flatnonzero((scores != 0.0) & (scores != 1.0))
+            if bad.size:
+                return (
+                    f"rollout {int(bad[0])}: reward {float(scores[bad[0]])!r} is not 0 or 1 "
+                    "(set reward_type: continuous for graded rewards)"
+                )
+            return None
+        lo, hi = self.config.reward_min, self.config.reward_max
+        bad = np.flatnonzero((scores < lo - 1e-9) | (scores > hi + 1e-9))
+        if bad.size:
+            return (
+                f"rollout {int(bad[0])}: reward {float(scores[bad[0]])!r} outside [reward_min, reward_max] = "
+                f"[{lo}, {hi}]"
+            )
+        return None
+
+    def collect(
+        self,
+        qid: str,
+        rewards: Sequence[float],
+        responses: Sequence[Sequence[int]],
+        log_probs: Sequence[Sequence[float]],
+        step: int,
+    ) -> Collected:
+        """:meth:`update` for a training loop: one bad value costs a trajectory or a question, not the run.
+
+        :meth:`update` rejects bad input, right for a data structure but fatal days into a run. Here a
+        trajectory with a non-finite behaviour log-prob (a numerical fault of the forward that computed it; it
+        could never be replayed) is left out of its group as if its session had not returned, and a question
+        whose rewards :meth:`reward_problem` cannot read is skipped whole (its accuracy is undefined). Both
+        are counted in :attr:`counters` and logged as a warning. Inconsistent lengths and empty responses
+        still raise: those are bugs of the caller, not data.
+        """
+        qid = str(qid)
+        n = len(rewards)
+        if n == 0:
+            raise ValueError(f"question {qid!r}: no fresh rollouts given")
+        if len(responses) != n or len(log_probs) != n:
+            raise ValueError(
+                f"question {qid!r}: {n} rewards but {len(responses)} responses and {len(log_probs)} log_probs"
+            )
+        if qid in self._retired:
+            return Collected("ignored")
+        problem = self.reward_problem(rewards)
+        if problem is not None:
+            self.counters["skipped_invalid_reward"] += 1
+            logger.warning(f"experience pool: question {qid!r} of step {step} skipped, {problem}")
+            return Collected("skipped", invalid_reward=True)
+        keep = [i for i, lp in enumerate(log_probs) if np.all(np.isfinite(np.asarray(lp, dtype=np.float64)))]
+        dropped = n - len(keep)
+        if dropped:
+            self.counters["skipped_nonfinite_log_probs"] += dropped
+            left_out = sorted(set(range(n)) - set(keep))
+            logger.warning(
+                f"experience pool: question {qid!r} of step {step}: rollouts {left_out} left out, non-finite "
+                "behaviour log-prob"
+            )
+        if not keep:
+            return Collected("skipped", dropped_trajectories=dropped)
+        if dropped:
+            rewards = [rewards[i] for i in keep]
+            responses = [responses[i] for i in keep]
+            log_probs = [log_probs[i] for i in keep]
+        return Collected(self.update(qid, rewards, responses, log_probs, step), dropped_trajectories=dropped)
 
     def _pack(self, qid: str, row: int, response: Sequence[int], logp: Sequence[float], step: int) -> _Stored:
         ids = np.asarray(response)

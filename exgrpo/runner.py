@@ -368,8 +368,8 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
             for qid, n in groups:
                 rows = range(row, row + n)
                 row += n
-                outcome = pool.update(qid, fresh_rewards[row - n:row].tolist(), [responses[i] for i in rows],
-                                      [old_log_prob[i, : lengths[i]].tolist() for i in rows], step)
+                outcome = pool.collect(qid, fresh_rewards[row - n:row].tolist(), [responses[i] for i in rows],
+                                       [old_log_prob[i, : lengths[i]].tolist() for i in rows], step).outcome
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
         row = 0
         for _, n in groups:

@@ -109,6 +109,54 @@ def test_bad_input_names_question_and_row_and_changes_nothing(args, match):
     assert len(pool) == 0 and pool.stats()["pool/trajectories"] == 0
 
 
+def test_collect_leaves_out_a_trajectory_with_a_non_finite_log_prob_and_counts_it(caplog):
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4))
+    rewards, responses, log_probs = group([1, 1, 0, 0])
+    log_probs[0] = [-0.5, float("nan"), -0.5, -0.5]
+    log_probs[2] = [-0.5, float("-inf"), -0.5, -0.5]  # a failure: left out too, like a lost session
+    with caplog.at_level("WARNING", logger="exgrpo.pool"):
+        result = pool.collect("q", rewards, responses, log_probs, step=2)
+    assert result.outcome == "stored" and result.dropped_trajectories == 2 and not result.invalid_reward
+    assert pool.accuracy("q") == 0.5  # 1 of the 2 rollouts left
+    assert [t.token_ids.tolist() for t in pool.candidates("q")] == [[1] * 4]
+    assert pool.stats()["pool/skipped_nonfinite_log_probs"] == 2
+    assert "'q'" in caplog.text and "[0, 2]" in caplog.text and "non-finite" in caplog.text
+    # Every rollout unusable: nothing to learn from, the question is skipped.
+    result = pool.collect("r", [1, 0], [[5], [6]], [[float("nan")], [float("inf")]], step=2)
+    assert result == type(result)("skipped", dropped_trajectories=2) and "r" not in pool
+
+
+@pytest.mark.parametrize(
+    "reward_type, rewards, reason",
+    [
+        ("binary", [1, 0.5, 0, 0], "rollout 1: reward 0.5 is not 0 or 1"),
+        ("binary", [1, float("nan"), 0, 0], "rollout 1: reward nan is not finite"),
+        ("continuous", [0.2, 1.5, 0, 0], "rollout 1: reward 1.5 outside"),
+    ],
+)
+def test_collect_skips_a_question_whose_rewards_cannot_be_read_and_counts_it(caplog, reward_type, rewards, reason):
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4, reward_type=reward_type))
+    with caplog.at_level("WARNING", logger="exgrpo.pool"):
+        result = pool.collect("q", *group(rewards), step=5)
+    assert result.outcome == "skipped" and result.invalid_reward and result.dropped_trajectories == 0
+    assert "q" not in pool and pool.stats()["pool/skipped_invalid_reward"] == 1
+    assert reason in caplog.text and "'q'" in caplog.text
+    assert pool.collect("q2", *group([1, 0, 0, 0] if reward_type == "binary" else [0.2, 0.9, 0, 0]),
+                        step=5).outcome == "stored"  # the next question goes on as usual
+    with pytest.raises(ValueError, match=reason):
+        pool.update("q", *group(rewards), step=5)  # update itself stays strict
+
+
+def test_collect_still_raises_on_inconsistent_input():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=2))
+    with pytest.raises(ValueError, match="2 rewards but 1 responses"):
+        pool.collect("q", [1, 0], [[1]], [[0.0], [0.0]], step=0)
+    with pytest.raises(ValueError, match="no fresh rollouts"):
+        pool.collect("q", [], [], [], step=0)
+    with pytest.raises(ValueError, match="empty response"):
+        pool.collect("q", [1, 0], [[], [2]], [[], [0.0]], step=0)
+
+
 def test_sample_respects_exclusions_size_and_never_returns_duplicates():
     pool = ExperiencePool(ExGRPOConfig(n_rollouts=K), seed=1)
     for i in range(30):

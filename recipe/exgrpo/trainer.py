@@ -493,24 +493,30 @@ class ExGRPOTrainer(PPOTrainerSync):
             by_kind[self._groups[uid].is_replay].extend(rewards[i] for i in rows)
         active = self.pool.observe_step_accuracy(fresh_acc)
         outcomes: Counter[str] = Counter()
+        skipped_log_probs = skipped_rewards = 0
         if active:
             for uid, rows in per_group.items():
-                outcome = self.pool.update(
+                # collect, not update: a non-finite log-prob or unreadable reward costs one trajectory or question
+                result = self.pool.collect(
                     self._groups[uid].qid,
                     [rewards[i] for i in rows],
                     [responses[i] for i in rows],
                     [log_probs[i] for i in rows],
                     step=self.global_steps,
                 )
-                outcomes[outcome] += 1
+                outcomes[result.outcome] += 1
+                skipped_log_probs += result.dropped_trajectories
+                skipped_rewards += int(result.invalid_reward)
         metrics["exgrpo/fresh_acc"] = fresh_acc
         if by_kind[False]:
             metrics["exgrpo/fresh_acc_fresh_groups"] = self.pool.success_rate(by_kind[False])
         if by_kind[True]:
             metrics["exgrpo/fresh_acc_replay_groups"] = self.pool.success_rate(by_kind[True])
         metrics["exgrpo/latch"] = float(active)
-        for outcome in ("stored", "retired", "unsolved", "ignored"):
+        for outcome in ("stored", "retired", "unsolved", "ignored", "skipped"):
             metrics[f"exgrpo/outcome_{outcome}"] = float(outcomes[outcome])
+        metrics["exgrpo/skipped_nonfinite_log_probs"] = float(skipped_log_probs)
+        metrics["exgrpo/skipped_invalid_reward"] = float(skipped_rewards)
         metrics.update({f"exgrpo/{name}": float(value) for name, value in self.pool.stats().items()})
 
     # ------------------------------------------------------------------ checkpoints

@@ -337,3 +337,49 @@ def test_failed_pool_save_leaves_the_tracker_on_the_previous_step(harness, monke
         trainer.global_steps = saved_step
     assert (tracker.read_text() if tracker.exists() else None) == before
     assert not (ckpt_dir / "global_step_99" / "actor").exists()
+
+
+def test_a_non_finite_log_prob_or_a_non_binary_reward_costs_one_trajectory_or_question_not_the_run(
+    harness, tq_cluster, caplog
+):
+    from transfer_queue import KVBatchMeta
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from exgrpo.pool import ExperiencePool
+    from recipe.exgrpo.trainer import GroupInfo
+
+    _, trainer, _, _ = harness
+    pool = ExperiencePool(trainer.exgrpo_config, seed=0)
+    pool.observe_step_accuracy(1.0)
+    groups = {  # qid -> per-session (reward, log-prob of the second token)
+        "qa": [(1.0, float("nan")), (1.0, -0.5), (0.0, -0.5), (0.0, -0.5)],  # session 0 left out
+        "qb": [(1.0, -0.5), (0.5, -0.5), (0.0, -0.5), (0.0, -0.5)],  # not 0/1: question skipped
+        "qc": [(1.0, -0.5), (0.0, -0.5), (0.0, -0.5), (0.0, -0.5)],  # normal
+    }
+    keys, records = [], []
+    for qid, sessions in groups.items():
+        for session, (reward, logp) in enumerate(sessions):
+            keys.append(f"u{qid}_{session}_0")
+            records.append({"responses": torch.tensor([10 + session, 2]), "rm_scores": torch.tensor([0.0, reward]),
+                            "old_log_probs": torch.tensor([-0.25, logp])})
+    tq_cluster.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(records),
+                            tags=[{"response_len": 2} for _ in keys])
+    batch = KVBatchMeta(partition_id="train", keys=keys, tags=[{"response_len": 2} for _ in keys])
+    saved = trainer.pool, trainer._groups, trainer._step_replayed
+    try:
+        trainer.pool = pool
+        trainer._groups = {f"u{qid}": GroupInfo(qid, False) for qid in groups}
+        trainer._step_replayed = {}
+        metrics = {}
+        with caplog.at_level("WARNING"):
+            trainer.collect_experience(batch, metrics)
+    finally:
+        trainer.pool, trainer._groups, trainer._step_replayed = saved
+        tq_cluster.kv_clear(keys=keys, partition_id="train")
+    assert metrics["exgrpo/skipped_nonfinite_log_probs"] == 1.0 and metrics["exgrpo/skipped_invalid_reward"] == 1.0
+    assert metrics["exgrpo/outcome_stored"] == 2.0 and metrics["exgrpo/outcome_skipped"] == 1.0
+    assert metrics["exgrpo/pool/skipped_nonfinite_log_probs"] == 1.0
+    assert pool.accuracy("qa") == pytest.approx(1 / 3)
+    assert [t.token_ids.tolist() for t in pool.candidates("qa")] == [[11, 2]]
+    assert "qb" not in pool and pool.accuracy("qc") == 0.25
+    assert "'qa'" in caplog.text and "'qb'" in caplog.text and "not 0 or 1" in caplog.text
