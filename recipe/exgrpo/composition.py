@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from exgrpo.config import ExGRPOConfig
 from exgrpo.pool import ExperiencePool
 
 QID_KEY = "qid"
+PENDING_STATE_VERSION = 1
 
 
 def question_id(row: Mapping[str, Any]) -> str:
@@ -89,6 +92,18 @@ class FreshSource:
         self._dataset_size = max(int(dataset_size), 1)
         self.pending: deque[FreshRow] = deque()
 
+    def pending_qids(self) -> list[str]:
+        """Question ids of the deferred rows in hand-out order: what a checkpoint keeps of them.
+
+        The dataloader has already moved past these rows (its position is checkpointed by verl), so without
+        them a resumed run would never train on them in this epoch.
+        """
+        return [item.qid for item in self.pending]
+
+    def restore_pending(self, rows: Iterable[FreshRow]) -> None:
+        """Replace the deferred rows (on resume), keeping their order."""
+        self.pending = deque(rows)
+
     def draw(
         self, n: int, pool: ExperiencePool | None, taken: set[str], plan: StepPlan
     ) -> list[FreshRow]:
@@ -128,6 +143,33 @@ class FreshSource:
                     "use a larger training set or fewer steps"
                 )
         return out
+
+
+def save_pending_qids(path: str | os.PathLike, qids: list[str]) -> None:
+    """Write deferred question ids as a small json file, atomically (temp file + rename), no pickles."""
+    folder = os.path.dirname(os.fspath(path)) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(os.fspath(path)), suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"version": PENDING_STATE_VERSION, "qids": [str(q) for q in qids]}, f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_pending_qids(path: str | os.PathLike) -> list[str]:
+    """Read :func:`save_pending_qids`'s file; an unreadable one is an error naming the path."""
+    try:
+        with open(path) as f:
+            state = json.load(f)
+        if int(state["version"]) != PENDING_STATE_VERSION:
+            raise ValueError(f"version {state['version']}, this code reads {PENDING_STATE_VERSION}")
+        return [str(q) for q in state["qids"]]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"deferred fresh rows file {path} is unreadable: {err!r}") from err
 
 
 def plan_step(

@@ -15,6 +15,7 @@ from exgrpo.config import ExGRPOConfig
 
 RECIPE_ONLY_KEYS = ("seed", "allow_empty_pool_on_resume", "score_max_token_len_per_gpu")
 POOL_FILE_NAME = "exgrpo_pool.npz"
+PENDING_FILE_NAME = "exgrpo_pending_fresh.json"  # deferred fresh rows' question ids, beside the pool file
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,15 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from exgrpo.pool import ExperiencePool
 from exgrpo.selection import select_lowest_entropy
-from recipe.exgrpo.composition import FreshRow, FreshSource, StepPlan, plan_step, question_id
+from recipe.exgrpo.composition import (
+    FreshRow,
+    FreshSource,
+    StepPlan,
+    load_pending_qids,
+    plan_step,
+    question_id,
+    save_pending_qids,
+)
 from recipe.exgrpo.loss import finish_replay_metrics
 from recipe.exgrpo.records import (
     CANDIDATE_PARTITION,
@@ -53,7 +61,7 @@ from recipe.exgrpo.records import (
     replay_record,
     scalar_reward,
 )
-from recipe.exgrpo.settings import POOL_FILE_NAME, check_verl_settings, load_settings
+from recipe.exgrpo.settings import PENDING_FILE_NAME, POOL_FILE_NAME, check_verl_settings, load_settings
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -521,10 +529,11 @@ class ExGRPOTrainer(PPOTrainerSync):
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self):
-        """Pool first, then the parent (which writes the tracker file last): the tracker never names a step
-        whose pool file is missing."""
+        """Deferred fresh rows and pool first, then the parent (which writes the tracker file last): the tracker
+        never names a step whose ExGRPO files are missing."""
         if self.exgrpo_enabled:
             folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            save_pending_qids(os.path.join(folder, PENDING_FILE_NAME), self.fresh_source.pending_qids())
             self.pool.save(os.path.join(folder, POOL_FILE_NAME))
         super()._save_checkpoint()
         if self.exgrpo_enabled and self.config.trainer.get("max_actor_ckpt_to_keep", None):
@@ -546,7 +555,26 @@ class ExGRPOTrainer(PPOTrainerSync):
     def _load_checkpoint(self):
         super()._load_checkpoint()
         if self.exgrpo_enabled and self.global_steps > 0:
-            self.load_pool(self._resume_folder())
+            folder = self._resume_folder()
+            self.load_pool(folder)
+            self.load_pending_fresh(folder)
+
+    def load_pending_fresh(self, folder: str | None) -> None:
+        """Put the fresh rows the resumed step had deferred back in front of the dataloader, by question id.
+
+        A checkpoint without the file (written before it existed) restores none, with a warning; a question no
+        longer in the training set is dropped with a warning.
+        """
+        path = os.path.join(folder, PENDING_FILE_NAME) if folder else None
+        if path is None or not os.path.isfile(path):
+            logger.warning(f"ExGRPO: no {PENDING_FILE_NAME} in the resumed checkpoint; no deferred fresh rows restored")
+            return
+        qids = load_pending_qids(path)
+        index = self.question_index() if qids else {}
+        missing = [qid for qid in qids if qid not in index]
+        if missing:
+            logger.warning(f"ExGRPO: {len(missing)} deferred questions are not in the training set: {missing[:5]}")
+        self.fresh_source.restore_pending(FreshRow(q, self.train_dataset[index[q]]) for q in qids if q in index)
 
     def load_pool(self, folder: str | None) -> None:
         """Restore the pool of a resumed step; a missing or corrupt file stops the run unless opted out."""
@@ -568,10 +596,10 @@ class ExGRPOTrainer(PPOTrainerSync):
 
 
 def prune_pool_files(root: str, current_step: int) -> list[str]:
-    """Delete pool files of older steps whose actor checkpoint verl has already removed (max_actor_ckpt_to_keep).
+    """Delete ExGRPO files of older steps whose actor checkpoint verl has already removed (max_actor_ckpt_to_keep).
 
     verl deletes only ``global_step_N/actor``; a pool file left behind can be gigabytes and is useless without
-    the weights it belongs to. Returns the deleted paths.
+    the weights it belongs to (the deferred-rows file goes with it). Returns the deleted paths.
     """
     removed = []
     if not os.path.isdir(root):
@@ -584,10 +612,12 @@ def prune_pool_files(root: str, current_step: int) -> list[str]:
         except ValueError:
             continue
         folder = os.path.join(root, name)
-        path = os.path.join(folder, POOL_FILE_NAME)
-        if step < current_step and os.path.isfile(path) and not os.path.isdir(os.path.join(folder, "actor")):
-            os.remove(path)
-            removed.append(path)
+        if step >= current_step or os.path.isdir(os.path.join(folder, "actor")):
+            continue
+        for path in (os.path.join(folder, POOL_FILE_NAME), os.path.join(folder, PENDING_FILE_NAME)):
+            if os.path.isfile(path):
+                os.remove(path)
+                removed.append(path)
     return removed
 
 

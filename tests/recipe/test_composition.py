@@ -109,6 +109,21 @@ def test_fresh_row_of_a_replayed_question_is_deferred_to_the_next_step_not_dropp
     assert [f.qid for f in plan.fresh] == ["q1", "q3"] and not source.pending
 
 
+def test_deferred_question_ids_round_trip_through_a_json_file_and_a_bad_file_names_its_path(tmp_path):
+    from recipe.exgrpo.composition import FreshRow, load_pending_qids, save_pending_qids
+
+    source = FreshSource(Loader(make_rows(3)), 3)
+    source.restore_pending([FreshRow("q2", {}), FreshRow("q0", {})])
+    path = tmp_path / "step" / "pending.json"
+    save_pending_qids(path, source.pending_qids())
+    assert load_pending_qids(path) == ["q2", "q0"] and [p.name for p in path.parent.iterdir()] == ["pending.json"]
+    save_pending_qids(path, [])
+    assert load_pending_qids(path) == []
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="pending.json"):
+        load_pending_qids(path)
+
+
 def test_all_questions_retired_is_a_clear_error_not_an_endless_loop():
     loader = Loader(make_rows(3))
     pool = active_pool([], retired=("q0", "q1", "q2"))

@@ -180,10 +180,13 @@ def test_old_pool_files_are_pruned_only_where_verl_removed_the_actor_checkpoint(
         folder = tmp_path / f"global_step_{step}"
         (folder / "actor").mkdir(parents=True) if has_actor else folder.mkdir()
         (folder / "exgrpo_pool.npz").write_bytes(b"x")
+        (folder / "exgrpo_pending_fresh.json").write_text("{}")
     removed = prune_pool_files(str(tmp_path), current_step=30)
-    assert removed == [str(tmp_path / "global_step_10" / "exgrpo_pool.npz")]
+    assert removed == [str(tmp_path / "global_step_10" / "exgrpo_pool.npz"),
+                       str(tmp_path / "global_step_10" / "exgrpo_pending_fresh.json")]
     assert (tmp_path / "global_step_20" / "exgrpo_pool.npz").exists()
     assert (tmp_path / "global_step_30" / "exgrpo_pool.npz").exists()  # the step just saved is never touched
+    assert (tmp_path / "global_step_30" / "exgrpo_pending_fresh.json").exists()
 
 
 def test_trainer_maps_the_actor_role_to_the_exgrpo_worker_class():

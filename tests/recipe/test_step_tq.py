@@ -383,3 +383,44 @@ def test_a_non_finite_log_prob_or_a_non_binary_reward_costs_one_trajectory_or_qu
     assert [t.token_ids.tolist() for t in pool.candidates("qa")] == [[11, 2]]
     assert "qb" not in pool and pool.accuracy("qc") == 0.25
     assert "'qa'" in caplog.text and "'qb'" in caplog.text and "not 0 or 1" in caplog.text
+
+
+def test_a_deferred_fresh_row_survives_a_checkpoint_and_comes_first_after_resume(harness, tq_cluster, actor_worker,
+                                                                                   tmp_path):
+    from omegaconf import open_dict
+
+    from exgrpo.pool import ExperiencePool
+    from recipe.exgrpo.settings import PENDING_FILE_NAME
+
+    h, trainer, _, _ = harness
+    config = trainer.config.copy()
+    with open_dict(config):
+        config.trainer.default_local_dir = str(tmp_path)
+    first, _ = h.build_trainer(config, actor_worker, CORRECT)
+    pool = ExperiencePool(first.exgrpo_config, seed=0)
+    pool.observe_step_accuracy(1.0)
+    for qid in ("q1", "q2"):
+        pool.update(qid, [1.0, 0.0, 0.0, 0.0], [[5, 2], [6, 2], [7, 2], [8, 2]], [[-0.5, -0.5]] * 4, step=0)
+    first.pool = pool
+    # B = 4, two fresh first (q0, q1), then the pool can only replay q2 (q1 is fresh), so one more fresh row is
+    # drawn: the dataloader's q2 is in the step already -> deferred; q3 is used.
+    metrics = first.prepare_step()
+    assert metrics["exgrpo/deferred_fresh"] == 1.0 and first.fresh_source.pending_qids() == ["q2"]
+    first._save_checkpoint()
+    assert (tmp_path / "global_step_1" / PENDING_FILE_NAME).is_file()
+
+    resumed, _ = h.build_trainer(config, actor_worker, CORRECT)
+    resumed.config.trainer.resume_mode = "auto"
+    resumed.actor_rollout_wg = first.actor_rollout_wg
+    resumed._load_checkpoint()
+    assert resumed.fresh_source.pending_qids() == ["q2"]
+    resumed.prepare_step()
+    # The deferred row first, then the dataloader where the checkpoint left it (q4, q5); q1 is replayed.
+    submitted = [(s["qid"], s["n"]) for s in resumed.agent_loop_manager.submitted]
+    assert submitted == [("q2", K), ("q4", K), ("q5", K), ("q1", K - 1)]
+    assert not resumed.fresh_source.pending
+
+    for manager in (first.agent_loop_manager, resumed.agent_loop_manager):  # the records the prompts produced
+        uids = [s["uid"] for s in manager.submitted]
+        keys = [f"{s['uid']}_{i}_0" for s in manager.submitted for i in range(s["n"])]
+        tq_cluster.kv_clear(keys=keys + uids, partition_id="train")
