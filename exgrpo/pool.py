@@ -13,6 +13,7 @@ metrics need are kept as counters.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -547,6 +548,22 @@ class ExperiencePool:
         self._rng = np.random.default_rng()
         self._rng.bit_generator.state = rng_state
         self.seed = int(state.get("seed", self.seed))
+
+    def state_digest(self) -> str:
+        """SHA-256 of :meth:`state_dict` (questions, buckets, trajectories, retired set, latch, RNG state).
+
+        Two pools with the same digest continue identically: a resumed run logs it next to the saving run's, so a
+        restored pool can be checked against the one that was saved without reading either file.
+        """
+        digest = hashlib.sha256()
+        for key, value in sorted(self.state_dict().items()):
+            digest.update(key.encode())
+            if isinstance(value, np.ndarray):
+                digest.update(str(value.dtype).encode() + str(value.shape).encode())
+                digest.update(np.ascontiguousarray(value).tobytes())
+            else:
+                digest.update(json.dumps(value, sort_keys=True).encode())
+        return digest.hexdigest()
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the state to ``path`` atomically (temp file + rename): a crash never leaves half a file."""

@@ -37,12 +37,9 @@ exgrpo_require_env() {
   fi
 }
 
-# exgrpo_abspath PATH: PATH made absolute against the caller's working directory (the file need not exist).
+# exgrpo_abspath PATH: PATH made absolute against the caller's working directory and normalised (need not exist).
 exgrpo_abspath() {
-  case "$1" in
-    /*) printf '%s\n' "$1" ;;
-    *) printf '%s\n' "$PWD/${1#./}" ;;
-  esac
+  python3 -c 'import os, sys; print(os.path.abspath(sys.argv[1]))' "$1"
 }
 
 # exgrpo_check_context MIN_TOKENS: the model must accept prompt + response tokens.
@@ -82,6 +79,7 @@ EXGRPO_CPU_PROFILE=(
   "+ray_kwargs.ray_init.num_gpus=1"
   "ray_kwargs.ray_init.num_cpus=16"                      # logical slots for verl's many small actors
   "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"
+  "data.dataloader_num_workers=0"                        # no loader processes competing for two cores
   "actor_rollout_ref.rollout.agent.num_workers=1"
   "reward.num_workers=1"
   # engine, update: fp32 (no bf16 kernels worth having on CPU), sdpa (no flash-attention), no torch.compile

@@ -15,9 +15,10 @@
 # first use (~3 min). The task and model are cached in cache/verl_cpu/ in the repository (~2 min to build once).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(dirname "$here")"
 EXGRPO_WITH_VLLM=1 source "$here/_env.sh"
 
-assets="$(python -m exgrpo.cpu_verl_assets --root "$here/../cache/verl_cpu")"
+assets="$(python -m exgrpo.cpu_verl_assets --root "$repo/cache/verl_cpu")"
 eval "$assets"  # MODEL_PATH, TRAIN_FILE, VAL_FILE (absolute)
 export MODEL_PATH TRAIN_FILE VAL_FILE
 export MAX_PROMPT_LENGTH=10 MAX_RESPONSE_LENGTH=24  # the tiny model's fixed prompt width and response budget

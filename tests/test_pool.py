@@ -251,6 +251,17 @@ def test_save_load_round_trip_and_corruption_errors(tmp_path):
             (t.token_ids.tolist(), t.log_probs.tobytes(), t.step) for t in b
         ]
     assert [pool.sample(3) for _ in range(5)] == [restored.sample(3) for _ in range(5)]
+    # Sampling advanced both RNGs alike: equal digests; one more draw, or one stored log-prob, tells them apart.
+    assert restored.state_digest() == pool.state_digest()
+    pool.sample(1)
+    assert restored.state_digest() != pool.state_digest()
+    restored.sample(1)
+    assert restored.state_digest() == pool.state_digest()
+    state = restored.state_dict()
+    state["log_probs"] = state["log_probs"].copy()
+    state["log_probs"][0] += 1e-3
+    restored.load_state_dict(state)
+    assert restored.state_digest() != pool.state_digest()
 
     with pytest.raises(FileNotFoundError, match="does not exist"):
         ExperiencePool.load(tmp_path / "missing.npz")

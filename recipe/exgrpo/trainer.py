@@ -535,6 +535,9 @@ class ExGRPOTrainer(PPOTrainerSync):
             folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
             save_pending_qids(os.path.join(folder, PENDING_FILE_NAME), self.fresh_source.pending_qids())
             self.pool.save(os.path.join(folder, POOL_FILE_NAME))
+            # Printed, not logged: the resumed run prints the restored pool's digest the same way, for comparison.
+            print(f"[exgrpo] saved pool of step {self.global_steps}: {len(self.pool)} questions, "
+                  f"state {self.pool.state_digest()}", flush=True)
         super()._save_checkpoint()
         if self.exgrpo_enabled and self.config.trainer.get("max_actor_ckpt_to_keep", None):
             prune_pool_files(self.config.trainer.default_local_dir, self.global_steps)
@@ -583,7 +586,8 @@ class ExGRPOTrainer(PPOTrainerSync):
             if path is None:
                 raise FileNotFoundError("the resumed checkpoint folder could not be determined")
             self.pool = ExperiencePool.load(path, config=self.exgrpo_config)
-            logger.info(f"ExGRPO: restored pool from {path}: {self.pool.stats()}")
+            print(f"[exgrpo] restored pool of step {self.global_steps} from {path}: {len(self.pool)} questions, "
+                  f"state {self.pool.state_digest()}", flush=True)
         except (FileNotFoundError, ValueError) as err:
             if not self.exgrpo_settings.allow_empty_pool_on_resume:
                 raise RuntimeError(

@@ -36,11 +36,13 @@ def fake_model(folder, max_positions=16384, chat_template=True):
     return folder
 
 
-def run_script(name, env_extra, *args):
-    env = {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "DATA_DIR", "TRAIN_FILE", "VAL_FILE")}
+def run_script(name, env_extra, *args, cwd=None):
+    drop = ("MODEL_PATH", "DATA_DIR", "TRAIN_FILE", "VAL_FILE", "CKPT_DIR", "PYTHONPATH", "EXGRPO_DEVICE",
+            "VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "VERL_FILE_LOGGER_PATH", "VLLM_CPU_KVCACHE_SPACE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(env_extra)
     return subprocess.run(["bash", str(REPO / "run_scripts" / name), *args], capture_output=True, text=True,
-                          env=env, timeout=60)
+                          env=env, timeout=60, cwd=cwd)
 
 
 @pytest.fixture
@@ -83,6 +85,11 @@ def test_script_overrides_compose_validate_and_match_the_reference_run(name, tmp
     assert (config.trainer.test_freq, config.trainer.save_freq) == (10, 50)
     assert config.reward.custom_reward_function.path == str(REPO / "exgrpo" / "reward.py")
     assert (config.trainer.n_gpus_per_node, config.trainer.nnodes) == (8, 1)
+    # The engine the CPU end-to-end tests run, the entropy bonus without [tokens x vocab] activations kept for the
+    # backward pass, and a bounded number of full checkpoints on disk.
+    assert actor.strategy == "fsdp2" and config.actor_rollout_ref.ref.strategy == "fsdp2"
+    assert actor.fsdp_config.entropy_checkpointing and actor.fsdp_config.entropy_from_logits_with_chunking
+    assert config.trainer.max_actor_ckpt_to_keep == 3
 
 
 def test_missing_model_path_data_or_short_context_are_clear_errors(tmp_path, data_dir):
@@ -109,3 +116,105 @@ def test_gpu_and_node_counts_and_logger_come_from_the_environment(tmp_path, data
     config = compose_config(result.stdout.splitlines())
     assert (config.trainer.n_gpus_per_node, config.trainer.nnodes) == (4, 2)
     assert list(config.trainer.logger) == ["console", "wandb"]
+
+
+def test_relative_paths_are_taken_from_the_callers_directory_and_passed_on_absolute(tmp_path, data_dir):
+    fake_model(tmp_path / "model")
+    env = {"MODEL_PATH": "model", "DATA_DIR": "./data", "CKPT_DIR": "ck/run1", "DRY_RUN": "1"}
+    result = run_script("qwen2.5_math_7b_exgrpo.sh", env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    config = compose_config(result.stdout.splitlines())
+    assert config.actor_rollout_ref.model.path == str(tmp_path / "model")
+    assert config.data.train_files == str(data_dir / "openr1.parquet")
+    assert config.data.val_files == str(data_dir / "math_valid.parquet")
+    assert config.trainer.default_local_dir == str(tmp_path / "ck" / "run1")
+    env = {"MODEL_PATH": str(tmp_path / "model"), "TRAIN_FILE": "data/openr1.parquet",
+           "VAL_FILE": "data/math_valid.parquet", "DRY_RUN": "1"}
+    config = compose_config(run_script("qwen2.5_math_7b_exgrpo.sh", env, cwd=tmp_path).stdout.splitlines())
+    assert (config.data.train_files, config.data.val_files) == (str(data_dir / "openr1.parquet"),
+                                                                str(data_dir / "math_valid.parquet"))
+    assert config.trainer.default_local_dir == str(tmp_path / "checkpoints" / "exgrpo" / "qwen2.5_math_7b_exgrpo")
+
+
+def test_ray_workers_pythonpath_extends_the_users_instead_of_replacing_it(tmp_path, data_dir):
+    env = {"MODEL_PATH": str(fake_model(tmp_path / "model")), "DATA_DIR": str(data_dir), "DRY_RUN": "1"}
+    for user_path, expected in (("/opt/verl-src:/srv/site", f"{REPO}:/opt/verl-src:/srv/site"), ("", str(REPO))):
+        result = run_script("qwen2.5_math_7b_exgrpo.sh", {**env, "PYTHONPATH": user_path})
+        config = compose_config(result.stdout.splitlines())
+        assert config.ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH == expected
+
+
+# What the CPU profile may change, by kind (the README's "GPU vs CPU" table lists each with its reason).
+CPU_SIZE_KEYS = {
+    "data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
+    "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.optim.lr",
+    "actor_rollout_ref.actor.loss_scale_factor", "trainer.total_training_steps", "trainer.test_freq",
+    "trainer.save_freq",
+}
+CPU_DEVICE_KEYS = {
+    "trainer.n_gpus_per_node", "ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.num_cpus",
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units", "data.dataloader_num_workers",
+    "actor_rollout_ref.rollout.agent.num_workers", "reward.num_workers",
+    "ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM",
+    "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES",
+    "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_KVCACHE_SPACE",
+}
+CPU_ENGINE_KEYS = {
+    "actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.actor.fsdp_config.mixed_precision",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile", "actor_rollout_ref.actor.use_torch_compile",
+    "actor_rollout_ref.model.override_config.attn_implementation", "actor_rollout_ref.model.use_remove_padding",
+    "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.rollout.dtype",
+    "actor_rollout_ref.rollout.enforce_eager", "actor_rollout_ref.rollout.enable_sleep_mode",
+    "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.rollout.max_num_batched_tokens",
+}
+# Settings verl's yaml copies from another key by interpolation: they change with their source.
+VERL_COPIES = {
+    "actor_rollout_ref.actor.use_remove_padding": "actor_rollout_ref.model.use_remove_padding",
+    "actor_rollout_ref.ref.use_torch_compile": "actor_rollout_ref.actor.use_torch_compile",
+    "actor_rollout_ref.rollout.n_gpus_per_node": "trainer.n_gpus_per_node",
+    "actor_rollout_ref.rollout.prompt_length": "data.max_prompt_length",
+    "actor_rollout_ref.rollout.response_length": "data.max_response_length",
+    "critic.loss_scale_factor": "actor_rollout_ref.actor.loss_scale_factor",
+    "critic.ppo_mini_batch_size": "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "distillation.teacher_models.teacher_model.inference.dtype": "actor_rollout_ref.rollout.dtype",
+    "distillation.teacher_models.teacher_model.inference.prompt_length": "data.max_prompt_length",
+    "distillation.teacher_models.teacher_model.inference.response_length": "data.max_response_length",
+}
+
+
+def _flat(node, prefix=""):
+    """Resolved config as {dotted key: value}; mixed_precision (added whole by the CPU profile) stays one value."""
+    out = {}
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and name != "actor_rollout_ref.actor.fsdp_config.mixed_precision":
+            out.update(_flat(value, name + "."))  # an empty section has no keys to compare
+        else:
+            out[name] = value
+    return out
+
+
+def _resolved(overrides):
+    from omegaconf import OmegaConf
+
+    return _flat(OmegaConf.to_container(compose_config(overrides), resolve=True))
+
+
+def test_cpu_profile_changes_only_device_size_and_engine_settings_of_the_reference_run(tmp_path, data_dir):
+    env = {"MODEL_PATH": str(fake_model(tmp_path / "model")), "DATA_DIR": str(data_dir), "DRY_RUN": "1",
+           "EXPERIMENT_NAME": "same"}
+    gpu = run_script("qwen2.5_math_7b_exgrpo.sh", env)
+    # What cpu_verl_exgrpo.sh sets before it calls the same launcher.
+    cpu = run_script("qwen2.5_math_7b_exgrpo.sh",
+                     {**env, "EXGRPO_DEVICE": "cpu", "MAX_PROMPT_LENGTH": "10", "MAX_RESPONSE_LENGTH": "24"})
+    assert gpu.returncode == 0 and cpu.returncode == 0, gpu.stderr + cpu.stderr
+    gpu_config, cpu_config = _resolved(gpu.stdout.splitlines()), _resolved(cpu.stdout.splitlines())
+    changed = {k for k in gpu_config.keys() | cpu_config.keys() if gpu_config.get(k) != cpu_config.get(k)}
+    allowed = CPU_SIZE_KEYS | CPU_DEVICE_KEYS | CPU_ENGINE_KEYS
+    expected = allowed | set(VERL_COPIES)
+    assert changed == expected, (sorted(changed - expected), sorted(expected - changed))
+    for copy, source in VERL_COPIES.items():  # verl's own interpolations: they follow the key they copy
+        assert cpu_config[copy] == cpu_config[source], (copy, source)
+    readme = (REPO / "README.md").read_text()
+    for key in sorted(allowed):
+        assert f"`{key}`" in readme, f"README's GPU vs CPU table does not list {key}"
