@@ -75,8 +75,8 @@ EXGRPO_CPU_PROFILE=(
   "trainer.test_freq=6"
   "trainer.save_freq=6"
   # device: no GPU. Ray is told of one so verl's resource pool can place the worker; its work runs on the CPU.
-  "trainer.n_gpus_per_node=1"
-  "+ray_kwargs.ray_init.num_gpus=1"
+  "trainer.n_gpus_per_node=${N_GPUS_PER_NODE:-1}"      # data-parallel FSDP ranks (processes over gloo)
+  "+ray_kwargs.ray_init.num_gpus=${N_GPUS_PER_NODE:-1}"
   "ray_kwargs.ray_init.num_cpus=16"                      # logical slots for verl's many small actors
   "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"
   "data.dataloader_num_workers=0"                        # no loader processes competing for two cores
