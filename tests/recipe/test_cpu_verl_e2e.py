@@ -153,3 +153,31 @@ def test_enable_false_runs_stock_grpo_through_the_same_command(job_root):
     assert "[exgrpo] saved pool" not in run.output
     step_dir = job_root / "grpo_ckpt" / "global_step_2"
     assert (step_dir / "actor").is_dir() and not (step_dir / "exgrpo_pool.npz").exists()
+
+
+def test_two_data_parallel_ranks_score_candidates_and_train_across_both(job_root):
+    """Two FSDP ranks over gloo: candidate scoring and the ExGRPO loss are dispatched to both."""
+    env_ranks = os.environ.get("N_GPUS_PER_NODE")
+    os.environ["N_GPUS_PER_NODE"] = "2"
+    try:
+        run = run_job(job_root / "user", job_root / "ranks2_ckpt", "ranks2", f"trainer.total_training_steps={STEPS}",
+                      f"trainer.save_freq={STEPS}", f"trainer.test_freq={STEPS}", "trainer.val_before_train=false")
+    finally:
+        if env_ranks is None:
+            os.environ.pop("N_GPUS_PER_NODE")
+        else:
+            os.environ["N_GPUS_PER_NODE"] = env_ranks
+    assert run.returncode == 0, run.tail()
+    actor = job_root / "ranks2_ckpt" / f"global_step_{STEPS}" / "actor"
+    assert {p.name for p in actor.glob("model_world_size_*")} == {
+        "model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"}
+    steps = sorted(s for s, m in run.metrics.items() if "exgrpo/fresh_acc" in m)
+    assert steps == list(range(1, STEPS + 1))
+    replayed = [s for s in steps if run.metrics[s].get("exgrpo/inserted", 0) >= 1]
+    assert replayed, {s: run.metrics[s].get("exgrpo/inserted") for s in steps}
+    # Replayed tokens were trained on, and stored candidates were scored by the sharded actor (a step whose
+    # replayed questions each held one trajectory scores nothing, so it is enough that one step did).
+    assert all(run.metrics[s]["actor/exgrpo/w_mean"] > 0 for s in replayed)
+    assert any("exgrpo/selected_entropy_mean" in run.metrics[s] for s in replayed), [run.metrics[s] for s in replayed]
+    for step in steps:
+        assert run.metrics[step]["training/rollout_probs_diff_max"] < 1e-4, (step, run.metrics[step])
