@@ -15,6 +15,7 @@ from typing import Any
 
 SELECT_MODES = ("entropy", "random")
 REWARD_TYPES = ("binary", "continuous")
+ENTROPY_AGG_MODES = ("loss_agg_mode", "micro_batch_token_mean")
 
 
 @dataclass
@@ -82,6 +83,29 @@ class ExGRPOConfig:
         default=1.0,
         metadata={"help": "Highest possible reward; a continuous group with zero spread at this value retires."},
     )
+    # --- The authors' training, one switch each (the defaults are the paper's equations and verl's safe choices;
+    # --- the paper scripts in run_scripts/ set what the authors' code did; README: "Where we differ").
+    clip_fresh_after_start: bool = field(
+        default=True,
+        metadata={"help": "Keep the PPO clip (and verl's dual clip) on fresh tokens once replay has started. False "
+                  "= the authors' runs: -A * ratio, unclipped, on on-policy tokens from the delayed start on."},
+    )
+    retire_before_start: bool = field(
+        default=False,
+        metadata={"help": "Retire a question solved by all its fresh rollouts also before the delayed start "
+                  "(the authors' runs); False retires only once collection has started."},
+    )
+    skip_step_grad_norm: float | None = field(
+        default=None,
+        metadata={"help": "Skip an optimizer step (and count it) whose gradient norm before clipping exceeds this "
+                  "value; None skips only non-finite norms, as verl does. The authors' runs: 500."},
+    )
+    entropy_agg: str = field(
+        default="loss_agg_mode",
+        metadata={"help": "How the entropy bonus is aggregated: 'loss_agg_mode' (like the policy loss, verl's "
+                  "choice) or 'micro_batch_token_mean' (a token mean per micro-batch, summed over micro-batches: "
+                  "the authors' runs)."},
+    )
 
     def __post_init__(self) -> None:
         def fail(name: str, why: str) -> None:
@@ -99,7 +123,7 @@ class ExGRPOConfig:
                 fail(name, "must be an integer")
             return value
 
-        for name in ("enable", "shaping"):
+        for name in ("enable", "shaping", "clip_fresh_after_start", "retire_before_start"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "must be true or false")
         for name in ("rho", "start_acc", "mu"):
@@ -119,6 +143,10 @@ class ExGRPOConfig:
             fail("reward_type", f"must be one of {REWARD_TYPES}")
         if not number("reward_min") < number("reward_max"):
             fail("reward_max", f"must be greater than reward_min={self.reward_min!r}")
+        if self.skip_step_grad_norm is not None and not number("skip_step_grad_norm") > 0.0:
+            fail("skip_step_grad_norm", "must be > 0 or None")
+        if self.entropy_agg not in ENTROPY_AGG_MODES:
+            fail("entropy_agg", f"must be one of {ENTROPY_AGG_MODES}")
 
     @property
     def per_question_cap(self) -> int:

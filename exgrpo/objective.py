@@ -110,6 +110,7 @@ def exgrpo_policy_loss(
     clip_ratio_c: float = 3.0,
     beta: float = 0.1,
     shaping: bool = True,
+    clip_fresh: bool = True,
     loss_agg_mode: str = "token-mean",
     loss_scale_factor: float | None = None,
     dp_size: int = 1,
@@ -118,7 +119,8 @@ def exgrpo_policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """ExGRPO policy loss over a ``[B, T]`` batch mixing fresh and replayed rows.
 
-    Fresh rows (``is_replay`` False): verl's dual-clip PPO surrogate with ratio pi_theta / pi_old.
+    Fresh rows (``is_replay`` False): verl's dual-clip PPO surrogate with ratio pi_theta / pi_old; with
+    ``clip_fresh=False`` the plain -A * ratio (the authors' on-policy tokens once replay has started).
     Replayed rows: -A * f(w), w = pi_theta / pi_past (``past_log_prob``, recorded at collection), no clip;
     with ``shaping=False`` the plain ratio -A * w (the ablation, log-ratio clamped like verl's).
     Returns the aggregated loss and float metrics (verl's clip fractions and KL over fresh tokens; replay
@@ -148,7 +150,7 @@ def exgrpo_policy_loss(
     clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
     ppo = torch.maximum(unclipped, clipped)
     dual = torch.minimum(-advantages * clip_ratio_c, ppo)
-    fresh_loss = torch.where(advantages < 0, dual, ppo)
+    fresh_loss = torch.where(advantages < 0, dual, ppo) if clip_fresh else unclipped
 
     # Replayed tokens: -A * f(w) in log space, or -A * w for the no-shaping ablation.
     past_log_ratio = log_prob - past_log_prob
@@ -175,11 +177,12 @@ def exgrpo_policy_loss(
             "exgrpo/w_sum": float(torch.where(replay_mask.bool(), detached_ratio.exp(), 0.0).sum()),
             "exgrpo/fw_sum": float((torch.sigmoid(detached_ratio - math.log(beta)) * replay_weights).sum()),
         }
+        clip_mask = fresh_mask if clip_fresh else torch.zeros_like(fresh_mask)  # nothing is clipped without clip
         metrics = {
-            "actor/pg_clipfrac": _masked_mean(torch.gt(clipped, unclipped).float(), fresh_mask),
+            "actor/pg_clipfrac": _masked_mean(torch.gt(clipped, unclipped).float(), clip_mask),
             "actor/ppo_kl": _masked_mean(-log_ratio.detach(), fresh_mask),
             "actor/pg_clipfrac_lower": _masked_mean(
-                (torch.gt(ppo, -advantages * clip_ratio_c) & (advantages < 0)).float(), fresh_mask
+                (torch.gt(ppo, -advantages * clip_ratio_c) & (advantages < 0)).float(), clip_mask
             ),
             **sums,
             **replay_means(sums),

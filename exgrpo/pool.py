@@ -336,6 +336,26 @@ class ExperiencePool:
         held.step = step
         self._questions.move_to_end(qid)
 
+    def retire_if_solved(self, qid: str, rewards: Sequence[float]) -> bool:
+        """Before the delayed start, with ``retire_before_start``: retire a question all its fresh rollouts solved.
+
+        The authors' runs retire such questions from step 1, so a question solved early is never drawn again, even
+        though nothing is stored before the start. Returns whether ``qid`` was retired now; rewards that
+        :meth:`reward_problem` cannot read retire nothing.
+        """
+        qid = str(qid)
+        scores = np.asarray(rewards, dtype=np.float64)
+        if qid in self._retired or scores.size == 0 or self.reward_problem(scores) is not None:
+            return False
+        if self.config.reward_type == "binary":
+            solved = bool(np.all(scores == 1.0))
+        else:
+            lo, hi = self.config.reward_min, self.config.reward_max
+            solved = float(np.std(scores)) / ((hi - lo) / 2.0) < 1e-9 and float(scores.mean()) >= hi - 1e-9
+        if solved:
+            self._retire(qid)
+        return solved
+
     def _retire(self, qid: str) -> str:
         if qid in self._questions:
             self._remove(qid)

@@ -349,15 +349,24 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
         model.train()
         logits = tm.response_logits(model, prompts, resp) / tc.temperature
         log_prob = tm.token_log_probs(logits, resp)
+        replay_started = xc.enable and pool.active
         loss, loss_metrics = exgrpo_policy_loss(
             log_prob, old_log_prob, past_log_prob, advantages, mask, is_replay, clip_ratio=tc.clip_ratio,
-            beta=xc.beta, shaping=xc.shaping, loss_agg_mode=tc.loss_agg_mode)
+            beta=xc.beta, shaping=xc.shaping, clip_fresh=xc.clip_fresh_after_start or not replay_started,
+            loss_agg_mode=tc.loss_agg_mode)
         if tc.entropy_coeff:
-            loss = loss - tc.entropy_coeff * aggregate_loss(token_entropy(logits), mask, tc.loss_agg_mode)
+            # One micro-batch per update here, so the authors' per-micro-batch token mean is the batch's token mean.
+            entropy_mode = "token-mean" if xc.entropy_agg == "micro_batch_token_mean" else tc.loss_agg_mode
+            loss = loss - tc.entropy_coeff * aggregate_loss(token_entropy(logits), mask, entropy_mode)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        opt.step()
+        skipped_update = not math.isfinite(float(grad_norm)) or (
+            xc.skip_step_grad_norm is not None and float(grad_norm) > xc.skip_step_grad_norm)
+        if skipped_update:
+            opt.zero_grad(set_to_none=True)
+        else:
+            opt.step()
         # 5. collection from fresh rollouts only, once the delayed start has latched
         fresh_rewards = rewards[:n_fresh_rows]
         fresh_acc = pool.success_rate(fresh_rewards.tolist())  # the latch's rule (binary: mean of 0/1 rewards)
@@ -371,13 +380,20 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
                 outcome = pool.collect(qid, fresh_rewards[row - n:row].tolist(), [responses[i] for i in rows],
                                        [old_log_prob[i, : lengths[i]].tolist() for i in rows], step).outcome
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        elif xc.enable and xc.retire_before_start:
+            row = 0
+            for qid, n in groups:
+                row += n
+                if pool.retire_if_solved(qid, fresh_rewards[row - n:row].tolist()):
+                    outcomes["retired"] = outcomes.get("retired", 0) + 1
         row = 0
         for _, n in groups:
             k = float(fresh_rewards[row:row + n].sum())
             mixed += 0 < k < n
             row += n
         record = {
-            "step": step, "loss": loss.item(), "grad_norm": float(grad_norm), "fresh_acc": fresh_acc,
+            "step": step, "loss": loss.item(), "grad_norm": float(grad_norm), "skipped_update": int(skipped_update),
+            "fresh_acc": fresh_acc,
             "fresh_questions": len(fresh), "replay_questions": len(replay), "fresh_consumed": stream.consumed,
             "mixed_groups": mixed, "replay_reward": float(rewards[n_fresh_rows:].mean()) if replay else None,
             "replay_entropy": float(np.mean(chosen_entropy)) if chosen_entropy else None,
@@ -419,6 +435,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    pool.save(out_dir / "exgrpo_pool.npz")
     if tc.plot:
         plot(history, out_dir / "plot.png", title=f"{summary['mode']} seed {tc.seed}")
     return summary

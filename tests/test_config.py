@@ -9,7 +9,9 @@ from exgrpo.config import ExGRPOConfig
         ("rho", -0.1), ("rho", 1.5), ("beta", 0.0), ("beta", -1.0), ("n_rollouts", 1), ("n_rollouts", 2.5),
         ("sigma", 0.0), ("start_acc", 1.01), ("max_per_question", 0), ("max_stored_tokens", 0),
         ("select", "greedy"), ("reward_type", "dense"), ("enable", "yes"), ("rho", float("nan")),
-        ("beta", "0.1"),
+        ("beta", "0.1"), ("clip_fresh_after_start", 0), ("retire_before_start", "true"),
+        ("skip_step_grad_norm", 0.0), ("skip_step_grad_norm", -5.0), ("skip_step_grad_norm", float("inf")),
+        ("entropy_agg", "token-mean"),
     ],
 )
 def test_invalid_values_name_the_field(field, value):

@@ -53,6 +53,28 @@ def test_fresh_token_clipped_surrogate_hand_values(log_ratio, adv, expected, exp
     assert log_prob.grad.item() == pytest.approx(expected_grad, abs=1e-6)
 
 
+@pytest.mark.parametrize(
+    "log_ratio, adv",
+    [(0.3, 1.0), (-0.5, -1.0), (1.5, -1.0), (0.1, 2.0)],  # clipped above, below, dual-clipped, inside the range
+)
+def test_unclipped_fresh_tokens_are_minus_a_times_ratio_whatever_the_ratio(log_ratio, adv):
+    # clip_fresh=False (the authors' on-policy tokens after the delayed start): loss -A * r, gradient -A * r.
+    old = torch.tensor([[-1.0]])
+    log_prob = (old + log_ratio).clone().requires_grad_(True)
+    loss, metrics = _loss(log_prob, old, torch.zeros(1, 1), torch.tensor([[adv]]), torch.ones(1, 1), [False],
+                          clip_fresh=False)
+    loss.backward()
+    assert loss.item() == pytest.approx(-adv * math.exp(log_ratio), rel=1e-6)
+    assert log_prob.grad.item() == pytest.approx(-adv * math.exp(log_ratio), rel=1e-6)
+    assert metrics["actor/pg_clipfrac"] == 0.0 and metrics["actor/pg_clipfrac_lower"] == 0.0
+    # Replayed rows are not affected by the switch: -A * f(w) either way.
+    past = torch.tensor([[-1.0]])
+    replay = [_loss(old.clone() + log_ratio, old, past, torch.tensor([[adv]]), torch.ones(1, 1), [True],
+                    clip_fresh=flag)[0].item() for flag in (True, False)]
+    w = math.exp(log_ratio)
+    assert replay == pytest.approx([-adv * w / (w + BETA)] * 2, rel=1e-6)
+
+
 def test_mixed_batch_hand_value_and_gradient_only_through_each_rows_own_term():
     # Row 0 fresh (ratio e^0.1 vs old, A = 1); row 1 replay (w = 1 vs past, A = 2), second token masked out.
     old = torch.tensor([[-1.0, -1.0], [-9.0, -9.0]])

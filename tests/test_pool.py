@@ -382,3 +382,16 @@ class PoolMachine(RuleBasedStateMachine):
 
 PoolMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestPoolProperties = PoolMachine.TestCase
+
+
+def test_retire_if_solved_retires_only_all_correct_groups_and_stores_nothing():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4), seed=0)
+    assert pool.retire_if_solved("a", [1, 1, 1, 1]) is True and pool.is_retired("a")
+    assert pool.retire_if_solved("a", [1, 1, 1, 1]) is False  # already retired
+    assert pool.retire_if_solved("b", [1, 1, 0, 1]) is False and not pool.is_retired("b")
+    assert pool.retire_if_solved("c", [1, 1, 2, 1]) is False and not pool.is_retired("c")  # unreadable: nothing
+    assert len(pool) == 0 and pool.stats()["pool/retired"] == 1
+    continuous = ExperiencePool(ExGRPOConfig(n_rollouts=3, reward_type="continuous", reward_max=2.0), seed=0)
+    assert continuous.retire_if_solved("x", [2.0, 2.0, 2.0]) is True
+    assert continuous.retire_if_solved("y", [1.0, 1.0, 1.0]) is False  # zero spread below the maximum
+    assert continuous.retire_if_solved("z", [2.0, 1.5, 2.0]) is False

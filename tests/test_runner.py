@@ -163,3 +163,22 @@ def test_disabled_is_plain_grpo(smoke_root):
     steps = [r for r in _metrics(summary) if r["step"] > 0 and "loss" in r]
     assert all(r["replay_questions"] == 0 and r["fresh_questions"] == 32 for r in steps)
     assert summary["pool_questions"] == 0 and summary["retired"] == 0 and summary["mode"] == "grpo"
+
+
+def test_authors_switches_skip_large_gradient_steps_and_retire_before_the_start(smoke_root):
+    # A bound no gradient norm stays under: every update is skipped, so the greedy policy cannot change.
+    summary = train(_smoke_config(smoke_root, "skip", ("exgrpo.skip_step_grad_norm=1.0e-12", "trainer.plot=false")))
+    steps = [r for r in _metrics(summary) if r["step"] > 0 and "loss" in r]
+    assert [r["skipped_update"] for r in steps] == [1, 1] and all(r["grad_norm"] > 1e-12 for r in steps)
+    assert summary["acc_after"] == summary["acc_before"]
+    # start_acc = 1 never latches (the rule is "exceeds"): nothing is stored, but all-correct groups retire.
+    # (K = 2 and a longer warm start, so that some groups are all correct.)
+    extra = ("exgrpo.start_acc=1.0", "exgrpo.retire_before_start=true", "trainer.plot=false", "exgrpo.n_rollouts=2",
+             "model.warm_start_steps=200")
+    steps = [r for r in _metrics(train(_smoke_config(smoke_root, "retire", extra))) if r["step"] > 0 and "loss" in r]
+    retired = [r.get("collect/retired", 0) for r in steps]
+    assert sum(retired) > 0 and [r["pool/retired"] for r in steps] == [retired[0], retired[0] + retired[1]]
+    assert all(r["pool/questions"] == 0 and r["replay_questions"] == 0 for r in steps)
+    off = [r for r in _metrics(train(_smoke_config(smoke_root, "no_retire", extra[:1] + extra[2:])))
+           if r["step"] > 0 and "loss" in r]
+    assert all(r["pool/retired"] == 0 for r in off)
