@@ -15,12 +15,24 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+from verl.utils import tensordict_utils as tu
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.config import ActorConfig
 from verl.workers.utils.padding import no_padding_2_padding
 
-from exgrpo.objective import REPLAY_MAX_KEY, REPLAY_MEAN_KEYS, REPLAY_SUM_KEYS, exgrpo_policy_loss, replay_means
+from exgrpo.objective import (
+    REPLAY_MAX_KEY,
+    REPLAY_MEAN_KEYS,
+    REPLAY_SUM_KEYS,
+    aggregate_loss,
+    exgrpo_policy_loss,
+    replay_means,
+)
 from recipe.exgrpo.records import IS_REPLAY_FIELD, PAST_LOG_PROBS_FIELD
+
+# Non-tensor entry of the update batch (KVBatchMeta.extra_info): False once replay has started and
+# exgrpo.clip_fresh_after_start is off, so fresh tokens take the authors' unclipped -A * ratio.
+CLIP_FRESH_KEY = "exgrpo_clip_fresh"
 
 # verl prefixes the actor's metrics with this before the trainer reduces them (PPOTrainer._update_actor).
 ACTOR_METRIC_PREFIX = "actor/"
@@ -63,6 +75,26 @@ def finish_replay_metrics(metrics: dict[str, Any], prefix: str = ACTOR_METRIC_PR
         metrics.pop(prefix + name)
 
 
+def entropy_bonus(
+    entropy: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str,
+    global_batch_info: dict[str, Any],
+    entropy_agg: str = "loss_agg_mode",
+) -> torch.Tensor:
+    """The micro-batch's entropy term before ``entropy_coeff``.
+
+    ``loss_agg_mode``: verl's (aggregated like the policy loss, over the global batch). ``micro_batch_token_mean``:
+    the authors' runs, a token mean over this micro-batch alone; the engine sums micro-batches and averages ranks,
+    so the bonus grows with the number of micro-batches a mini-batch is cut into.
+    """
+    if entropy_agg == "micro_batch_token_mean":
+        return aggregate_loss(entropy, response_mask, "token-mean")
+    if entropy_agg != "loss_agg_mode":
+        raise ValueError(f"exgrpo.entropy_agg={entropy_agg!r}: must be 'loss_agg_mode' or 'micro_batch_token_mean'")
+    return agg_loss(loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **global_batch_info)
+
+
 def exgrpo_actor_loss(
     config: ActorConfig,
     model_output: dict[str, Any],
@@ -71,14 +103,21 @@ def exgrpo_actor_loss(
     *,
     beta: float,
     shaping: bool = True,
+    replay: bool = True,
+    entropy_agg: str = "loss_agg_mode",
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """ppo_loss with the ExGRPO policy term; rows flagged ``exgrpo_is_replay`` use -A * f(w) against pi_past."""
+    """ppo_loss with the ExGRPO policy term; rows flagged ``exgrpo_is_replay`` use -A * f(w) against pi_past.
+
+    ``replay=False`` (ExGRPO off, the loss installed only for an authors' setting such as ``entropy_agg``) needs
+    no replay fields: every row is fresh. Fresh rows are clipped unless the step's batch says
+    ``exgrpo_clip_fresh=False`` (the trainer's ``clip_fresh_after_start`` once replay has started).
+    """
     if config.policy_loss.get("loss_mode", "vanilla") != "vanilla":
         raise ValueError(
             f"actor.policy_loss.loss_mode={config.policy_loss.get('loss_mode')!r}: ExGRPO's loss extends verl's "
             "'vanilla' clipped surrogate; other policy losses are not combined with replay"
         )
-    if IS_REPLAY_FIELD not in data.keys() or PAST_LOG_PROBS_FIELD not in data.keys():
+    if replay and (IS_REPLAY_FIELD not in data.keys() or PAST_LOG_PROBS_FIELD not in data.keys()):
         raise KeyError(
             f"micro-batch lacks {IS_REPLAY_FIELD!r}/{PAST_LOG_PROBS_FIELD!r}: the ExGRPO trainer writes them for "
             "every key after balancing; a batch without them did not come from the ExGRPO trainer"
@@ -102,7 +141,7 @@ def exgrpo_actor_loss(
     else:
         metric_aggregation = AggregationType.MEAN
 
-    fields = ["response_mask", "old_log_probs", "advantages", PAST_LOG_PROBS_FIELD]
+    fields = ["response_mask", "old_log_probs", "advantages"] + ([PAST_LOG_PROBS_FIELD] if replay else [])
     if "rollout_is_weights" in data.keys():
         raise ValueError(
             "rollout_is_weights present: rollout correction must stay off under ExGRPO "
@@ -110,11 +149,16 @@ def exgrpo_actor_loss(
         )
     if "ref_log_prob" in data.keys():
         fields.append("ref_log_prob")
-    is_replay = data[IS_REPLAY_FIELD].reshape(-1).to(torch.bool)
     padded = data.select(*fields).to_padded_tensor()
     response_mask = padded["response_mask"].to(bool)
     width = response_mask.shape[-1]
-    past = padded[PAST_LOG_PROBS_FIELD][:, :width]
+    if replay:
+        is_replay = data[IS_REPLAY_FIELD].reshape(-1).to(torch.bool)
+        past = padded[PAST_LOG_PROBS_FIELD][:, :width]
+    else:
+        is_replay = torch.zeros(response_mask.shape[0], dtype=torch.bool)
+        past = padded["old_log_probs"]
+    clip_fresh = bool(tu.get_non_tensor_data(data=data, key=CLIP_FRESH_KEY, default=True))
 
     clip_ratio_c = config.get("clip_ratio_c", 3.0)
     info = config.global_batch_info
@@ -131,6 +175,7 @@ def exgrpo_actor_loss(
         clip_ratio_c=clip_ratio_c,
         beta=beta,
         shaping=shaping,
+        clip_fresh=clip_fresh,
         loss_agg_mode=config.loss_agg_mode,
         loss_scale_factor=info.get("loss_scale_factor"),
         dp_size=info.get("dp_size", 1),
@@ -145,9 +190,8 @@ def exgrpo_actor_loss(
     policy_loss = pg_loss
 
     if entropy is not None:
-        entropy_loss = agg_loss(
-            loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=config.loss_agg_mode, **config.global_batch_info
-        )
+        entropy_loss = entropy_bonus(entropy, response_mask, config.loss_agg_mode, config.global_batch_info,
+                                     entropy_agg)
         policy_loss = policy_loss - config.entropy_coeff * entropy_loss
         metrics["actor/entropy_loss"] = Metric(value=entropy_loss, aggregation=metric_aggregation)
 

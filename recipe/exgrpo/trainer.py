@@ -51,7 +51,7 @@ from recipe.exgrpo.composition import (
     question_id,
     save_pending_qids,
 )
-from recipe.exgrpo.loss import finish_replay_metrics
+from recipe.exgrpo.loss import CLIP_FRESH_KEY, finish_replay_metrics
 from recipe.exgrpo.records import (
     CANDIDATE_PARTITION,
     MEAN_ENTROPY_FIELD,
@@ -272,7 +272,14 @@ class ExGRPOTrainer(PPOTrainerSync):
         return batch
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        """The parent's update; then the replay statistics become means over the step's replayed tokens."""
+        """The parent's update; then the replay statistics become means over the step's replayed tokens.
+
+        Fresh tokens stay clipped unless replay has started (the latch) and ``clip_fresh_after_start`` is off.
+        """
+        if self.exgrpo_enabled:
+            clip_fresh = self.exgrpo_config.clip_fresh_after_start or not self.pool.active
+            batch.extra_info[CLIP_FRESH_KEY] = clip_fresh
+            metrics["exgrpo/clip_fresh"] = float(clip_fresh)
         batch = super()._update_actor(batch, metrics=metrics)
         if self.exgrpo_enabled:
             finish_replay_metrics(metrics)
@@ -515,6 +522,9 @@ class ExGRPOTrainer(PPOTrainerSync):
                 outcomes[result.outcome] += 1
                 skipped_log_probs += result.dropped_trajectories
                 skipped_rewards += int(result.invalid_reward)
+        elif self.exgrpo_config.retire_before_start:  # the authors' runs: solved questions retire from step 1
+            for uid, rows in per_group.items():
+                outcomes["retired"] += self.pool.retire_if_solved(self._groups[uid].qid, [rewards[i] for i in rows])
         metrics["exgrpo/fresh_acc"] = fresh_acc
         if by_kind[False]:
             metrics["exgrpo/fresh_acc_fresh_groups"] = self.pool.success_rate(by_kind[False])

@@ -10,6 +10,7 @@ so only B floats travel back instead of per-token entropies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -47,14 +48,70 @@ def worker_exgrpo_config(actor_rollout_ref_config: Any) -> ExGRPOConfig | None:
     return ExGRPOConfig.from_dict(dict(section), ignore=RECIPE_ONLY_KEYS)
 
 
+SKIPPED_UPDATE_METRIC = "exgrpo/update_skipped"
+
+
+def install_grad_norm_guard(engine: Any, bound: float) -> Callable[[], None]:
+    """Skip the engine's optimizer steps whose gradient norm before clipping exceeds ``bound`` (the authors' 500).
+
+    verl's engine clips, then steps unless the norm is non-finite, inside one ``optimizer_step``. The guard holds
+    the optimizer's ``step`` back while that runs, then takes it (norm within bound) or drops the gradients, and
+    reports each training batch's outcome as ``exgrpo/update_skipped`` (1 = skipped) next to verl's grad_norm.
+    Returns a function that removes the guard.
+    """
+    optimizer = engine.optimizer
+    step_owned = "step" in vars(optimizer)  # a scheduler may have wrapped step on the instance
+    step = optimizer.step
+    engine_step, engine_train = engine.optimizer_step, engine.train_batch
+    skipped = {"last": False}
+
+    def optimizer_step():
+        held: list[tuple[tuple, dict]] = []
+        optimizer.step = lambda *args, **kwargs: held.append((args, kwargs))
+        try:
+            grad_norm = engine_step()
+        finally:
+            restore_step()
+        skipped["last"] = not grad_norm <= bound  # a non-finite norm verl has already skipped counts too
+        if skipped["last"] and held:
+            print(f"[exgrpo] optimizer step skipped: grad_norm {grad_norm:.4g} > exgrpo.skip_step_grad_norm={bound}")
+            optimizer.zero_grad()
+        elif held:
+            step(*held[0][0], **held[0][1])
+        return grad_norm
+
+    def restore_step() -> None:
+        if step_owned:
+            optimizer.step = step
+        else:
+            vars(optimizer).pop("step", None)
+
+    def train_batch(*args, **kwargs):
+        skipped["last"] = False
+        outputs = engine_train(*args, **kwargs)
+        if outputs is not None and isinstance(outputs.get("metrics"), dict):
+            outputs["metrics"][SKIPPED_UPDATE_METRIC] = float(skipped["last"])
+        return outputs
+
+    engine.optimizer_step, engine.train_batch = optimizer_step, train_batch
+
+    def remove() -> None:
+        del engine.optimizer_step, engine.train_batch
+
+    return remove
+
+
 class ExGRPOActorRolloutRefWorker(ActorRolloutRefWorker):
     """ActorRolloutRefWorker whose actor trains with the ExGRPO loss and can score candidate trajectories."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         super().init_model()
-        self.exgrpo_config = worker_exgrpo_config(self.config)
-        if self.actor is not None and self.exgrpo_config is not None and self.exgrpo_config.enable:
+        self.exgrpo_config = config = worker_exgrpo_config(self.config)
+        if self.actor is None or config is None:
+            return
+        # The baseline (enable=false) keeps the authors' settings too, so it is the same program minus replay.
+        if config.enable or config.entropy_agg != "loss_agg_mode":
             if self.distillation_enabled:
                 raise ValueError("ExGRPO does not combine with on-policy distillation (distillation.enabled=true)")
             # The ActorConfig verl just built for ppo_loss (model_config attached), reused as is.
@@ -62,10 +119,14 @@ class ExGRPOActorRolloutRefWorker(ActorRolloutRefWorker):
             self.loss_fn = partial(
                 exgrpo_actor_loss,
                 config=actor_config,
-                beta=self.exgrpo_config.beta,
-                shaping=self.exgrpo_config.shaping,
+                beta=config.beta,
+                shaping=config.shaping,
+                replay=config.enable,
+                entropy_agg=config.entropy_agg,
             )
             self.actor.set_loss_fn(self.loss_fn)
+        if config.skip_step_grad_norm is not None:
+            install_grad_norm_guard(self.actor.engine, config.skip_step_grad_norm)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def score_candidates(self, data: TensorDict) -> TensorDict | None:

@@ -8,6 +8,7 @@ with ``exgrpo.enable=false`` the worker keeps verl's ``ppo_loss``.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import numpy as np
@@ -53,14 +54,14 @@ def training_batch(is_replay):
     return td
 
 
-def engine_gradients(worker, td, loss_fn) -> dict[str, torch.Tensor]:
+def engine_gradients(worker, td, loss_fn, **extra) -> dict[str, torch.Tensor]:
     from verl.utils import tensordict_utils as tu
 
     engine = worker.actor.engine
     td = td.clone()
     tu.assign_non_tensor(
         td, temperature=1.0, use_dynamic_bsz=False, micro_batch_size_per_gpu=2, use_remove_padding=False,
-        use_fused_kernels=False, global_batch_size=len(td), calculate_entropy=False,
+        use_fused_kernels=False, global_batch_size=len(td), calculate_entropy=False, **extra,
     )
     with engine.train_mode(disable_auto_offload=True):
         engine.optimizer_zero_grad()
@@ -247,3 +248,131 @@ def test_replay_metrics_reduced_over_ranks_and_mini_batches_are_means_over_all_r
     assert metrics["actor/exgrpo/fw_mean"] == pytest.approx(float((w / (w + 0.1)).mean()), rel=1e-6)
     assert metrics["actor/exgrpo/w_max"] == pytest.approx(float(w.max()), rel=1e-6)
     assert metrics["actor/exgrpo/replay_token_share"] == pytest.approx(w.numel() / n_tokens, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------ the authors' settings
+def test_unclipped_fresh_tokens_when_the_update_batch_says_so(actor_worker, tiny_model_dir):
+    # Old log-probs far above the model's (~log 1/64): ratios ~0.05, so the clip binds on A < 0 rows.
+    td = training_batch([0, 0, 0, 0])
+    model = reference_model(actor_worker.actor.engine, tiny_model_dir)
+    log_probs, _ = reference_response_outputs(model, PAIRS)
+    mask = pad([torch.ones(len(r)) for _, r in PAIRS])
+    loss, _ = exgrpo_policy_loss(
+        pad(log_probs), pad(list(td["old_log_probs"].unbind())), pad(list(td[PAST_LOG_PROBS_FIELD].unbind())),
+        pad(list(td["advantages"].unbind())), mask, torch.zeros(4, dtype=torch.bool), beta=0.1,
+        loss_agg_mode="token-mean", clip_fresh=False,
+    )
+    loss.backward()
+    reference = {name: p.grad for name, p in model.named_parameters()}
+    from recipe.exgrpo.loss import CLIP_FRESH_KEY
+
+    unclipped = engine_gradients(actor_worker, td, actor_worker.loss_fn, **{CLIP_FRESH_KEY: False})
+    assert_grads_close(unclipped, reference)
+    clipped = engine_gradients(actor_worker, td, actor_worker.loss_fn)
+    assert max(float((unclipped[n] - clipped[n]).abs().max()) for n in clipped) > 1e-4
+
+
+def _response_rows_batch(rows, dp_size, global_batch_size):
+    """A micro-batch as the engine hands it to the loss: nested sequences, per-token fields, global counts.
+
+    Each row: (prompt_len, log_probs, old_log_probs, advantage, entropies) for its response tokens; the model's
+    outputs are laid out over whole sequences, shifted one to the left, as verl's forward returns them.
+    """
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    prompts, responses, full_lp, full_ent = [], [], [], []
+    for prompt_len, lp, _, _, ent in rows:
+        n = len(lp)
+        prompts.append(torch.arange(1, prompt_len + 1))
+        responses.append(torch.arange(10, 10 + n))
+        seq_lp, seq_ent = torch.zeros(prompt_len + n), torch.zeros(prompt_len + n)
+        seq_lp[prompt_len - 1 : prompt_len - 1 + n] = torch.tensor(lp)
+        seq_ent[prompt_len - 1 : prompt_len - 1 + n] = torch.tensor(ent)
+        full_lp.append(seq_lp)
+        full_ent.append(seq_ent)
+    td = TensorDict(
+        {
+            "prompts": nested(prompts), "responses": nested(responses),
+            "response_mask": nested(torch.ones(len(r[1]), dtype=torch.int64) for r in rows),
+            "old_log_probs": nested(torch.tensor(r[2]) for r in rows),
+            "advantages": nested(torch.full((len(r[1]),), float(r[3])) for r in rows),
+            IS_REPLAY_FIELD: torch.zeros(len(rows), dtype=torch.int64),
+            PAST_LOG_PROBS_FIELD: nested(torch.zeros(len(r[1])) for r in rows),
+        },
+        batch_size=[len(rows)],
+    )
+    tu.assign_non_tensor(td, dp_size=dp_size, batch_num_tokens=None, global_batch_size=global_batch_size,
+                         exgrpo_clip_fresh=False)
+    return td, {"log_probs": nested(full_lp), "entropy": nested(full_ent)}
+
+
+def test_paper_loss_scale_and_entropy_equal_the_authors_formula_on_two_micro_batches_and_two_ranks(actor_worker):
+    """The authors: each micro-batch's token-loss sum / 8192 minus entropy_coeff x its token-mean entropy, summed
+    over micro-batches, averaged over ranks (their gradient all-reduce). Ours: verl's seq-mean-token-sum-norm with
+    loss_scale_factor = 8192 x ranks / sequences per mini-batch (what the paper scripts set) and
+    exgrpo.entropy_agg=micro_batch_token_mean, reduced as verl's engine reduces (sum over micro-batches, mean over
+    ranks)."""
+    import dataclasses
+
+    from recipe.exgrpo.loss import exgrpo_actor_loss
+
+    gen = torch.Generator().manual_seed(7)
+
+    def row(prompt_len, n):
+        lp = (-1.0 - torch.rand(n, generator=gen)).tolist()
+        old = [v + 0.3 * (float(torch.rand(1, generator=gen)) - 0.5) for v in lp]
+        return prompt_len, lp, old, float(torch.randn(1, generator=gen)), (2 * torch.rand(n, generator=gen)).tolist()
+
+    ranks = [[[row(3, 4), row(2, 6)], [row(4, 3)]], [[row(2, 5)], [row(3, 2), row(5, 7), row(2, 1)]]]
+    sequences = sum(len(mb) for rank in ranks for mb in rank)  # one mini-batch: 7 sequences on 2 ranks
+    coeff, horizon, dp = 0.05, 8192, len(ranks)
+    config = dataclasses.replace(
+        actor_worker.loss_fn.keywords["config"], loss_agg_mode="seq-mean-token-sum-norm",
+        loss_scale_factor=horizon * dp / sequences, entropy_coeff=coeff, use_kl_loss=False, global_batch_info={},
+    )
+    ours, authors = 0.0, 0.0
+    for rank in ranks:
+        for mb in rank:
+            td, output = _response_rows_batch(mb, dp, sequences)
+            loss, _ = exgrpo_actor_loss(config, output, td, beta=0.1, entropy_agg="micro_batch_token_mean")
+            ours += float(loss) / dp
+            token_sum = sum(-a * math.exp(x - o) for _, lp, old, a, _ in mb for x, o in zip(lp, old, strict=True))
+            entropies = [e for r in mb for e in r[4]]
+            authors += (token_sum / horizon - coeff * sum(entropies) / len(entropies)) / dp
+    assert ours == pytest.approx(authors, rel=1e-6)
+    # verl's own entropy aggregation (the recipe default) gives a different bonus on the same batches.
+    default = sum(float(exgrpo_actor_loss(config, out, td, beta=0.1)[0]) / dp
+                  for rank in ranks for mb in rank for td, out in [_response_rows_batch(mb, dp, sequences)])
+    assert abs(default - authors) > 1e-4
+
+
+def test_grad_norm_guard_skips_steps_above_the_bound_and_reports_them(actor_worker):
+    from verl.utils import tensordict_utils as tu
+
+    from recipe.exgrpo.worker import SKIPPED_UPDATE_METRIC, install_grad_norm_guard
+
+    engine = actor_worker.actor.engine
+    calls = []
+    vars(engine.optimizer)["step"] = lambda *a, **k: calls.append(1)  # counts steps, changes no weight
+    try:
+        td = training_batch([0, 1, 0, 1])
+        tu.assign_non_tensor(
+            td, temperature=1.0, use_dynamic_bsz=False, micro_batch_size_per_gpu=2, use_remove_padding=False,
+            use_fused_kernels=False, global_batch_size=len(td), calculate_entropy=False,
+        )
+        results = {}
+        for bound in (1e-12, 1e12):
+            remove = install_grad_norm_guard(engine, bound)
+            try:
+                with engine.train_mode(disable_auto_offload=True):
+                    out = engine.train_batch(td.clone(), loss_function=actor_worker.loss_fn)
+            finally:
+                remove()
+            results[bound] = (len(calls), out["metrics"][SKIPPED_UPDATE_METRIC], out["metrics"]["grad_norm"])
+        assert results[1e-12][:2] == (0, 1.0) and results[1e12][:2] == (1, 0.0)
+        assert results[1e-12][2] == pytest.approx(results[1e12][2]) and results[1e12][2] > 1e-12
+        assert "optimizer_step" not in vars(engine) and "train_batch" not in vars(engine)
+    finally:
+        vars(engine.optimizer).pop("step", None)
+        engine.optimizer_zero_grad()
