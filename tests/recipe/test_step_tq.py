@@ -424,3 +424,66 @@ def test_a_deferred_fresh_row_survives_a_checkpoint_and_comes_first_after_resume
         uids = [s["uid"] for s in manager.submitted]
         keys = [f"{s['uid']}_{i}_0" for s in manager.submitted for i in range(s["n"])]
         tq_cluster.kv_clear(keys=keys + uids, partition_id="train")
+
+
+def test_before_the_start_retire_before_start_retires_solved_questions_and_stores_nothing(harness, tq_cluster):
+    from dataclasses import replace
+
+    from transfer_queue import KVBatchMeta
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from exgrpo.pool import ExperiencePool
+    from recipe.exgrpo.trainer import GroupInfo
+
+    _, trainer, _, _ = harness
+    rewards = {"qa": [1.0, 1.0, 1.0, 1.0], "qb": [1.0, 0.0, 1.0, 1.0], "qc": [0.0] * 4}  # accuracy 7/12 < 0.9
+    keys = [f"u{qid}_{s}_0" for qid in rewards for s in range(K)]
+    records = [{"responses": torch.tensor([10 + s, 2]), "rm_scores": torch.tensor([0.0, r]),
+                "old_log_probs": torch.tensor([-0.25, -0.5])} for qid in rewards for s, r in enumerate(rewards[qid])]
+    tq_cluster.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(records),
+                            tags=[{"response_len": 2} for _ in keys])
+    batch = KVBatchMeta(partition_id="train", keys=keys, tags=[{"response_len": 2} for _ in keys])
+    saved = trainer.exgrpo_config, trainer.pool, trainer._groups, trainer._step_replayed
+    results = {}
+    try:
+        for retire_before_start in (True, False):
+            trainer.exgrpo_config = replace(saved[0], start_acc=0.9, retire_before_start=retire_before_start)
+            trainer.pool = ExperiencePool(trainer.exgrpo_config, seed=0)
+            trainer._groups = {f"u{qid}": GroupInfo(qid, False) for qid in rewards}
+            trainer._step_replayed = {}
+            metrics = {}
+            trainer.collect_experience(batch, metrics)
+            results[retire_before_start] = trainer.pool, metrics
+    finally:
+        trainer.exgrpo_config, trainer.pool, trainer._groups, trainer._step_replayed = saved
+        tq_cluster.kv_clear(keys=keys, partition_id="train")
+    pool, metrics = results[True]
+    assert metrics["exgrpo/latch"] == 0.0 and metrics["exgrpo/outcome_retired"] == 1.0
+    assert pool.is_retired("qa") and not pool.is_retired("qb") and len(pool) == 0
+    pool, metrics = results[False]
+    assert metrics["exgrpo/outcome_retired"] == 0.0 and not pool.is_retired("qa") and len(pool) == 0
+
+
+def test_update_batch_asks_for_unclipped_fresh_tokens_only_after_the_start_when_switched_off(harness, monkeypatch):
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from exgrpo.pool import ExperiencePool
+    from recipe.exgrpo import trainer as trainer_module
+    from recipe.exgrpo.loss import CLIP_FRESH_KEY
+
+    _, trainer, _, _ = harness
+    seen = []
+    monkeypatch.setattr(trainer_module.PPOTrainerSync, "_update_actor",
+                        lambda self, batch, metrics: seen.append(batch.extra_info[CLIP_FRESH_KEY]) or batch)
+    monkeypatch.setattr(trainer, "pool", trainer.pool)
+    monkeypatch.setattr(trainer, "exgrpo_config", trainer.exgrpo_config)
+    base = trainer.exgrpo_config
+    for clip_after, latched in ((True, True), (False, False), (False, True)):
+        trainer.exgrpo_config = replace(base, clip_fresh_after_start=clip_after)
+        trainer.pool = ExperiencePool(trainer.exgrpo_config, seed=0)
+        trainer.pool.observe_step_accuracy(1.0 if latched else 0.0)
+        metrics = {}
+        trainer._update_actor(SimpleNamespace(extra_info={}), metrics)
+        assert metrics["exgrpo/clip_fresh"] == float(seen[-1])
+    assert seen == [True, True, False]
