@@ -78,13 +78,14 @@ def answer_section(solution_str: str, think_end_tag: str | None = THINK_END_TAG,
 
     Reasoning inside the thought section often contains trial answers; grading only the solution section stops
     a model from being rewarded for a guess it then rejected. Without the tag the whole response is graded,
-    unless ``strict_format`` (then ``None``: no gradable answer).
+    unless ``strict_format``, the authors' rule: then the thought section must be closed (``None`` otherwise: no
+    gradable answer) and the solution ends at a second tag, if the response has one.
     """
     if not think_end_tag:
         return solution_str
     head, sep, tail = solution_str.partition(think_end_tag)
     if sep:
-        return tail
+        return tail.partition(think_end_tag)[0] if strict_format else tail
     return None if strict_format else solution_str
 
 

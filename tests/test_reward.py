@@ -39,6 +39,14 @@ def test_answer_section_without_tag_is_whole_response_unless_strict():
     assert answer_section("a </think> b", think_end_tag=None) == "a </think> b"
 
 
+def test_strict_format_grades_only_between_the_first_and_a_second_think_end_as_the_authors_did():
+    response = "<think>try \\boxed{1}</think> so \\boxed{2} </think> then \\boxed{3}"
+    assert answer_section(response, strict_format=True) == " so \\boxed{2} "
+    assert answer_section("x </think> \\boxed{2}", strict_format=True) == " \\boxed{2}"
+    assert compute_score("math", response, "2", strict_format=True)["score"] == 1.0
+    assert compute_score("math", response, "3", strict_format=True)["score"] == 0.0
+
+
 # ----------------------------------------------------------------------------------------------- math
 @pytest.mark.parametrize(
     ("response", "gold", "expected"),
