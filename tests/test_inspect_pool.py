@@ -1,0 +1,234 @@
+"""The pool inspector on hand-built pools: figures equal what was put in and the pool's own stats(), the replay
+ranking is the sampler's, trajectories decode, bad files fail in one line, and the CPU runner leaves a pool."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from exgrpo.config import ExGRPOConfig
+from exgrpo.inspect_pool import inspect, load_questions, main, replay_probabilities
+from exgrpo.pool import ExperiencePool
+from exgrpo.tiny_model import build_tokenizer
+
+# (qid, rewards of K = 4 fresh rollouts, correct responses as text, step); q_e retires, q_f never enters.
+UPDATES = [
+    ("q_a", [1, 0, 0, 0], ["1\\boxed{1}"], 1),
+    ("q_b", [1, 1, 0, 0], ["\\boxed{22}", "2+0=22\\boxed{22}"], 2),
+    ("q_c", [0, 1, 0, 1], ["\\boxed{3}", "3\\boxed{3}"], 3),
+    ("q_d", [1, 1, 1, 0], ["\\boxed{4}", "4\\boxed{4}", "44\\boxed{4}"], 3),
+    ("q_e", [1, 1, 1, 1], ["5", "5", "5", "5"], 3),
+    ("q_f", [0, 0, 0, 0], [], 3),
+]
+HELD = {"q_a": 0.25, "q_b": 0.5, "q_c": 0.5, "q_d": 0.75}
+
+
+def build_pool(tokenizer) -> ExperiencePool:
+    """Every correct response is stored as its characters + EOS, with log-prob -0.5 per token."""
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4, start_acc=0.0), seed=0)
+    pool.observe_step_accuracy(1.0)
+    for qid, rewards, texts, step in UPDATES:
+        correct = iter(texts)
+        responses = [tokenizer.encode(next(correct)) + [tokenizer.eos_token_id] if r else [7] for r in rewards]
+        pool.update(qid, [float(r) for r in rewards], responses, [[-0.5] * len(x) for x in responses], step)
+    return pool
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture
+def pool_file(tmp_path, tokenizer) -> Path:
+    path = tmp_path / "run" / "exgrpo_pool.npz"
+    build_pool(tokenizer).save(path)
+    return path
+
+
+def tokens_of(texts: list[str]) -> int:
+    return sum(len(t) + 1 for t in texts)  # one token per character, plus EOS
+
+
+def test_summary_figures_equal_the_pool_built_by_hand_and_its_stats(pool_file, tokenizer):
+    report = inspect(pool_file)
+    held_texts = [t for qid, _, texts, _ in UPDATES if qid in HELD for t in texts]
+    assert (report["questions"], report["trajectories"], report["retired"]) == (4, 8, 1)
+    assert report["tokens"] == tokens_of(held_texts) == 93 and report["token_bytes"] == 8 * 93
+    assert report["retired_qids"] == ["q_e"] and report["active"] is True
+    assert [(b["bucket"], b["questions"], b["trajectories"]) for b in report["buckets"]] == [
+        (0.25, 1, 1), (0.5, 2, 4), (0.75, 1, 3)]
+    assert [b["tokens"] for b in report["buckets"]] == [11, 17 + 11 + 10 + 11, 10 + 11 + 12]
+    # ages from the latest step in the pool (3): q_a's trajectory is 2 steps old, q_b's 1, the rest 0
+    assert report["reference_step"] == 3 and report["reference_step_from"] == "latest step recorded in the pool"
+    assert report["age_histogram"] == [{"age": 0, "trajectories": 5}, {"age": 1, "trajectories": 2},
+                                       {"age": 2, "trajectories": 1}]
+    assert report["step_histogram"] == [{"step": 1, "trajectories": 1}, {"step": 2, "trajectories": 2},
+                                        {"step": 3, "trajectories": 5}]
+    assert report["file_bytes"] == pool_file.stat().st_size
+    stats = ExperiencePool.load(pool_file).stats()
+    assert report["questions"] == stats["pool/questions"] and report["trajectories"] == stats["pool/trajectories"]
+    assert report["tokens"] == stats["pool/tokens"] and report["retired"] == stats["pool/retired"]
+    assert {f"pool/bucket_{b['bucket']:.3f}": b["questions"] for b in report["buckets"]} == {
+        k: v for k, v in stats.items() if k.startswith("pool/bucket_")}
+    assert {f"pool/{k}": v for k, v in report["counters"].items()} == {
+        k: stats[k] for k in stats if k[5:] in report["counters"]}
+
+
+def test_top_questions_ranked_by_gaussian_bucket_weight_over_bucket_size(pool_file):
+    report = inspect(pool_file, top=10)
+    e2 = math.exp(-0.5 * (0.25 / 0.125) ** 2)  # N(0.25; 0.5, 0.125) relative to N(0.5; 0.5, 0.125) = e^-2
+    p_mid, p_side = 1 / (1 + 2 * e2), e2 / (1 + 2 * e2)
+    assert [b["draw_probability"] for b in report["buckets"]] == pytest.approx([p_side, p_mid, p_side], abs=1e-12)
+    # ties: the most recently updated first (q_c after q_b, q_d after q_a)
+    assert [q["qid"] for q in report["top"]] == ["q_c", "q_b", "q_d", "q_a"]
+    assert [q["replay_probability"] for q in report["top"]] == pytest.approx(
+        [p_mid / 2, p_mid / 2, p_side, p_side], abs=1e-12)
+    assert [(q["accuracy"], q["last_step"], len(q["trajectories"])) for q in report["top"]] == [
+        (0.5, 3, 2), (0.5, 2, 2), (0.75, 3, 3), (0.25, 1, 1)]
+    first = report["top"][0]["trajectories"][0]
+    assert first == {"step": 3, "age": 0, "length": 10, "mean_log_prob": -0.5}
+    assert [q["rank"] for q in inspect(pool_file, top=2)["top"]] == [1, 2]
+
+
+def test_ranking_matches_the_pools_own_sampler(pool_file):
+    """20,000 one-question draws of ExperiencePool.sample land on each question at its listed probability."""
+    pool = ExperiencePool.load(pool_file)
+    expected = {q["qid"]: q["replay_probability"] for q in inspect(pool_file)["top"]}
+    n = 20_000
+    drawn = Counter(pool.sample(1)[0] for _ in range(n))
+    for qid, p in expected.items():
+        assert abs(drawn[qid] / n - p) < 4 * math.sqrt(p * (1 - p) / n) + 1e-9, (qid, drawn[qid] / n, p)
+
+
+def test_continuous_pool_favours_the_widest_spread_as_the_sampler_does():
+    cfg = ExGRPOConfig(n_rollouts=4, start_acc=0.0, reward_type="continuous", sigma=0.25)
+    pool = ExperiencePool(cfg, seed=0)
+    pool.update("wide", [0.0, 1.0, 0.0, 1.0], [[1], [2], [3], [4]], [[-0.1]] * 4, 1)  # spread 1.0
+    pool.update("narrow", [0.4, 0.6, 0.5, 0.5], [[1], [2], [3], [4]], [[-0.1]] * 4, 1)  # spread ~0.14 -> 0.25
+    probs = replay_probabilities(pool)
+    e = math.exp(-0.5 * ((0.25 - 1.0) / 0.25) ** 2)  # mu = 1: the widest spread is the most informative
+    assert sorted(probs) == [0.25, 1.0]
+    assert probs[0.25] == pytest.approx((e / (1 + e), e / (1 + e)), abs=1e-12)
+    assert probs[1.0] == pytest.approx((1 / (1 + e), 1 / (1 + e)), abs=1e-12)
+
+
+def test_ages_count_from_the_checkpoint_folder_step(tmp_path, tokenizer):
+    path = tmp_path / "ckpt" / "global_step_5" / "exgrpo_pool.npz"
+    build_pool(tokenizer).save(path)
+    report = inspect(path)
+    assert report["reference_step"] == 5 and report["reference_step_from"] == "checkpoint folder global_step_5"
+    assert [(h["age"], h["trajectories"]) for h in report["age_histogram"]] == [(2, 5), (3, 2), (4, 1)]
+    assert inspect(path, step=9)["age_histogram"][0] == {"age": 6, "trajectories": 5}
+
+
+def test_trajectories_decode_and_questions_come_from_the_data_file(pool_file, tokenizer, tmp_path):
+    data = tmp_path / "train.parquet"
+    pd.DataFrame([
+        {"data_source": "s", "prompt": [{"role": "system", "content": "sys"}, {"role": "user", "content": f"Q:{q}"}],
+         "reward_model": {"style": "rule", "ground_truth": f"ans {q}"}, "extra_info": {"qid": q, "index": i}}
+        for i, q in enumerate(["q_b", "q_c", "q_e"])
+    ]).to_parquet(data)
+    questions = load_questions(data)
+    assert questions["q_c"] == {"question": "Q:q_c", "answer": "ans q_c", "data_source": "s"}
+    report = inspect(pool_file, tokenizer=tokenizer, questions=questions)
+    top = {q["qid"]: q for q in report["top"]}
+    assert [t["text"] for t in top["q_b"]["trajectories"]] == ["\\boxed{22}<eos>", "2+0=22\\boxed{22}<eos>"]
+    assert (top["q_c"]["question"], top["q_c"]["answer"]) == ("Q:q_c", "ans q_c")
+    assert top["q_a"]["question"] is None and report["questions_found_in_data"] == 2
+    assert report["retired_questions"] == [{"qid": "q_e", "question": "Q:q_e"}]
+
+
+def test_cli_prints_the_report_and_writes_png_and_json(pool_file, tokenizer, tmp_path, capsys):
+    tok_dir = tmp_path / "tok"
+    tokenizer.save_pretrained(tok_dir)
+    out = tmp_path / "out"
+    assert main([str(pool_file), "--tokenizer", str(tok_dir), "--out", str(out), "--top", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "questions held: 4   trajectories: 8   tokens: 93" in text and "retired: 1" in text
+    assert "top 2 questions most likely to be replayed next" in text
+    assert "1. q_c  accuracy 0.500 (bucket 0.500)" in text and "\\boxed{3}<eos>" in text
+    saved = json.loads((out / "pool_inspect.json").read_text())
+    assert saved["questions"] == 4 and [q["qid"] for q in saved["top"]] == ["q_c", "q_b"]
+    assert (out / "pool_inspect.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main([str(pool_file)]) == 0  # default --out: the pool file's folder
+    assert (pool_file.parent / "pool_inspect.json").is_file() and (pool_file.parent / "pool_inspect.png").is_file()
+
+
+class _Trap:
+    """Unpickling this would create a folder: proof that the inspector never unpickles."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def _bad_files(tmp_path: Path, pool_file: Path) -> dict[str, Path]:
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(pool_file.read_bytes()[: pool_file.stat().st_size // 2])
+    foreign = tmp_path / "foreign.npz"
+    np.savez(foreign, weights=np.zeros(3))
+    pickled = tmp_path / "pickled.npz"
+    np.savez(pickled, meta=np.array([_Trap(tmp_path / "unpickled")], dtype=object))
+    text = tmp_path / "notes.npz"
+    text.write_text("not a pool\n")
+    return {"missing": tmp_path / "absent.npz", "truncated": truncated, "foreign": foreign, "pickled": pickled,
+            "text": text}
+
+
+@pytest.mark.parametrize("kind", ["missing", "truncated", "foreign", "pickled", "text"])
+def test_bad_files_are_one_line_errors_naming_the_file(kind, pool_file, tmp_path, capsys):
+    path = _bad_files(tmp_path, pool_file)[kind]
+    assert main([str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("inspect_pool: error: ") and str(path) in err
+    assert ("does not exist" in err) if kind == "missing" else ("corrupt or not a pool file" in err)
+    assert not (tmp_path / "unpickled").exists() and not (tmp_path / "out").exists()
+
+
+def test_missing_tokenizer_or_data_file_is_a_one_line_error(pool_file, tmp_path, capsys):
+    assert main([str(pool_file), "--tokenizer", str(tmp_path / "no_model")]) == 2
+    assert "tokenizer folder" in capsys.readouterr().err
+    assert main([str(pool_file), "--data", str(tmp_path / "no.parquet")]) == 2
+    assert f"data file {tmp_path / 'no.parquet'} does not exist" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------- the CPU runner
+SMOKE = [
+    "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=64",
+    "model.warm_start_steps=60", "model.warm_start_batch=64", "model.warm_start_lr=0.003",
+    "model.warm_start_target_acc=null", "data.n_train_per_level=2", "data.n_test_per_level=2",
+    "trainer.steps=2", "trainer.batch_size=32", "exgrpo.n_rollouts=4", "trainer.eval_every=0",
+    "trainer.progress=false", "trainer.threads=1", "trainer.plot=false",
+]
+
+
+def test_cpu_runner_saves_its_pool_and_the_inspector_reads_it(tmp_path):
+    from exgrpo.runner import load_config, train
+
+    config = Path(__file__).resolve().parents[1] / "exgrpo" / "configs" / "cpu_tiny.yaml"
+    cfg = load_config(config, SMOKE + [f"data.train_file={tmp_path}/train.parquet",
+                                       f"data.test_file={tmp_path}/test.parquet",
+                                       f"trainer.model_cache={tmp_path}/models", f"trainer.output_dir={tmp_path}/run"])
+    pool = ExperiencePool(cfg.exgrpo, seed=cfg.trainer.seed)
+    pool.observe_step_accuracy(1.0)  # collect from step 1
+    train(cfg, pool)
+    path = tmp_path / "run" / "exgrpo_pool.npz"
+    assert ExperiencePool.load(path).state_digest() == pool.state_digest()
+    report = inspect(path, questions=load_questions(tmp_path / "train.parquet"))
+    stats = pool.stats()
+    assert stats["pool/questions"] > 0
+    assert (report["questions"], report["trajectories"], report["tokens"], report["retired"]) == (
+        stats["pool/questions"], stats["pool/trajectories"], stats["pool/tokens"], stats["pool/retired"])
+    assert {f"pool/bucket_{b['bucket']:.3f}": b["questions"] for b in report["buckets"]} == {
+        k: v for k, v in stats.items() if k.startswith("pool/bucket_")}
+    assert report["reference_step"] == 2 and report["questions_found_in_data"] == report["questions"]
