@@ -17,8 +17,10 @@ it is the same on every run and machine, and the repeats of a question (avg@k ro
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import math
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -184,16 +186,92 @@ def read_local(path: str | Path) -> list[dict[str, Any]]:
     raise ValueError(f"{path}: unsupported file type {suffix!r} (expected one of {LOCAL_SUFFIXES})")
 
 
-def load_records(source: str, *, config: str | None = None, split: str = "train") -> list[dict[str, Any]]:
-    """Records from a local file when ``source`` is a path, else from the Hugging Face hub (needs ``datasets``)."""
+class HubUnavailable(RuntimeError):
+    """The Hugging Face Hub could not give a dataset (no network, offline mode, gated or unknown name).
+
+    The message is one line that says how to pass a local file instead; the command-line entry points print it
+    without a traceback, because a `datasets` traceback does not tell a user on an offline machine what to do.
+    """
+
+
+def _network_error_types() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "the hub cannot be reached", from whichever HTTP stack this `datasets` version uses."""
+    found: list[type[BaseException]] = [ConnectionError, TimeoutError, socket.gaierror]
+    for module, names in (("httpx", ("TransportError",)), ("requests.exceptions", ("ConnectionError", "Timeout")),
+                          ("huggingface_hub.errors", ("OfflineModeIsEnabled", "LocalEntryNotFoundError"))):
+        try:
+            loaded = importlib.import_module(module)
+        except ImportError:
+            continue
+        found.extend(getattr(loaded, name) for name in names if hasattr(loaded, name))
+    return tuple(found)
+
+
+def _refused_types() -> tuple[type[BaseException], ...]:
+    try:
+        from datasets.exceptions import DatasetNotFoundError
+    except ImportError:
+        return ()
+    return (DatasetNotFoundError,)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and all(exc is not other for other in seen):
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+def hub_failure_message(source: str, exc: BaseException, local_option: str, *, config: str | None = None,
+                        split: str = "train") -> str | None:
+    """One line for a hub failure a local file avoids (naming ``local_option``), or None for any other error.
+
+    `datasets` 2-5 report an unreachable hub as ``ConnectionError`` ("Couldn't reach 'X' on the Hub"), offline
+    mode as ``OfflineModeIsEnabled`` or ``LocalEntryNotFoundError``, and a raw socket/HTTP error from its HTTP
+    library (httpx or requests) when a data file download fails; a gated or unknown dataset as
+    ``DatasetNotFoundError``. Any of them anywhere in the exception chain counts.
+    """
+    chain = _chain(exc)
+    network, refused = _network_error_types(), _refused_types()
+    cause = next((e for e in chain if isinstance(e, network)), None)
+    if cause is not None:
+        what = "cannot reach the Hugging Face Hub for"
+    else:
+        cause = next((e for e in chain if refused and isinstance(e, refused)), None)
+        if cause is None:
+            return None
+        what = "the Hugging Face Hub did not give (gated or unknown name; `hf auth login` for gated ones)"
+    detail = " ".join(f"{type(cause).__name__}: {cause}".split())
+    part = f"{split} split" if config is None else f"{config} {split} split"
+    return (f"{what} dataset {source!r} ({detail}). Use a local copy instead: download it where the Hub is "
+            f"reachable (https://huggingface.co/datasets/{source}, e.g. `hf download {source} --repo-type dataset "
+            f"--local-dir DIR`) and pass the data file(s) of its {part} (.parquet, .jsonl, .json or .csv) with "
+            f"{local_option}.")
+
+
+def load_records(source: str, *, config: str | None = None, split: str = "train",
+                 local_option: str = "a local file path") -> list[dict[str, Any]]:
+    """Records from a local file when ``source`` is a path, else from the Hugging Face hub (needs ``datasets``).
+
+    A hub that cannot be reached (or refuses the dataset) raises :class:`HubUnavailable` whose message names
+    ``local_option``, the command-line option that takes a local file instead.
+    """
     if Path(source).suffix.lower() in LOCAL_SUFFIXES or Path(source).exists():
         return read_local(source)
     try:
         import datasets
     except ImportError as exc:  # pragma: no cover - datasets is a listed dependency
-        raise ImportError("loading from the hub needs `pip install datasets`") from exc
-    dataset = datasets.load_dataset(source, config, split=split)  # pragma: no cover - no hub in tests
-    return [dict(record) for record in dataset]  # pragma: no cover
+        raise HubUnavailable(f"loading {source!r} from the Hugging Face Hub needs `pip install datasets`; or pass "
+                             f"a local file with {local_option}") from exc
+    try:
+        dataset = datasets.load_dataset(source, config, split=split)
+    except Exception as exc:
+        message = hub_failure_message(source, exc, local_option, config=config, split=split)
+        if message is None:
+            raise
+        raise HubUnavailable(message) from exc
+    return [dict(record) for record in dataset]
 
 
 def write_rows(rows: Sequence[dict[str, Any]], output: str | Path) -> Path:

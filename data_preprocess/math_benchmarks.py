@@ -18,7 +18,8 @@ the paper reports avg@32 for AIME24/25 and AMC, so those are repeated 32 times b
 count for every benchmark; the repeats share a qid and differ in ``extra_info.repeat``).
 
 Usage: ``python data_preprocess/math_benchmarks.py --output data/math_test.parquet [--benchmarks aime24 math500]
-[--local aime24=path.jsonl] [--processed FILE]``.
+[--local aime24=path.jsonl] [--processed FILE]``. Without access to the hub, a benchmark that has no ``--local``
+file stops the command with one line naming ``--local NAME=FILE`` and ``--processed``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data_preprocess.common import (
+    HubUnavailable,
     clean_answer,
     finalize,
     first_field,
@@ -98,10 +100,15 @@ def build(names: Sequence[str], local: Mapping[str, str] | None = None, repeats:
         spec = BENCHMARKS[name] if name in BENCHMARKS else None
         if spec is None:
             raise KeyError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}")
-        records = read_local(local[name]) if name in local else load_records(spec.hub, config=spec.config,
-                                                                              split=spec.split)
+        records = read_local(local[name]) if name in local else load_records(
+            spec.hub, config=spec.config, split=spec.split, local_option=local_option(name))
         rows.extend(convert(name, records, repeats))
     return finalize(rows)
+
+
+def local_option(name: str) -> str:
+    """How to give benchmark ``name`` without the hub (the offline message names it)."""
+    return f"--local {name}=FILE, or import the authors' processed parquet with --processed FILE"
 
 
 def parse_local(pairs: Sequence[str]) -> dict[str, str]:
@@ -127,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.repeats is not None:
             raise SystemExit("--repeats does not apply to --processed files (their repeats are already rows)")
     else:
-        rows = build(args.benchmarks, parse_local(args.local), args.repeats)
+        try:
+            rows = build(args.benchmarks, parse_local(args.local), args.repeats)
+        except HubUnavailable as exc:
+            print(f"math_benchmarks: {exc}", file=sys.stderr)
+            return 2
         counts = {"rows": len(rows)}
     path = write_rows(rows, args.output)
     print(f"math benchmarks -> {path}: {counts}")

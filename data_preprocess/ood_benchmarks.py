@@ -16,7 +16,9 @@ default in brackets; a local file in the same schema works too):
 
 Option order: ``--shuffle`` (always on for GPQA) permutes the options with a generator seeded by
 (``--seed``, benchmark, question text), so the order does not depend on row order, process or machine.
-GPQA prompts carry the authors' instruction line asking for ``ANSWER: $LETTER``.
+GPQA prompts carry the authors' instruction line asking for ``ANSWER: $LETTER``. Without access to the hub (or to the
+gated GPQA), a benchmark that has no ``--local`` file stops the command with one line naming ``--local NAME=FILE``
+and ``--processed``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data_preprocess.common import (
+    HubUnavailable,
     finalize,
     first_field,
     load_records,
@@ -134,6 +137,11 @@ def convert(name: str, records: Iterable[Mapping[str, Any]], *, shuffle: bool = 
     return rows
 
 
+def local_option(name: str) -> str:
+    """How to give benchmark ``name`` without the hub (the offline message names it)."""
+    return f"--local {name}=FILE, or import the authors' processed parquet with --processed FILE"
+
+
 def build(names: Sequence[str], local: Mapping[str, str] | None = None, *, shuffle: bool = False, seed: int = 0
           ) -> list[dict[str, Any]]:
     local = dict(local or {})
@@ -142,8 +150,8 @@ def build(names: Sequence[str], local: Mapping[str, str] | None = None, *, shuff
         if name not in BENCHMARKS:
             raise KeyError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}")
         spec = BENCHMARKS[name]
-        records = read_local(local[name]) if name in local else load_records(spec.hub, config=spec.config,
-                                                                              split=spec.split)
+        records = read_local(local[name]) if name in local else load_records(
+            spec.hub, config=spec.config, split=spec.split, local_option=local_option(name))
         rows.extend(convert(name, records, shuffle=shuffle, seed=seed))
     return finalize(rows)
 
@@ -166,7 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             if not sep or name not in BENCHMARKS:
                 raise SystemExit(f"--local expects NAME=PATH with NAME in {sorted(BENCHMARKS)}, got {pair!r}")
             local[name] = path
-        rows = build(args.benchmarks, local, shuffle=args.shuffle, seed=args.seed)
+        try:
+            rows = build(args.benchmarks, local, shuffle=args.shuffle, seed=args.seed)
+        except HubUnavailable as exc:
+            print(f"ood_benchmarks: {exc}", file=sys.stderr)
+            return 2
         counts = {"rows": len(rows)}
     path = write_rows(rows, args.output)
     print(f"ood benchmarks -> {path}: {counts}")

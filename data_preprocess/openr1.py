@@ -10,8 +10,10 @@ Accepted raw schemas (one file may mix them; a local .parquet/.jsonl/.json/.csv 
 ExGRPO is pure RLVR: only the question and its final answer are used. Rows without a usable answer (missing,
 empty, "proof", "notfound") are dropped and counted; repeated questions (same qid) are kept once.
 
-Usage: ``python data_preprocess/openr1.py [--input Elliott/Openr1-Math-46k-8192 | file] --output
-data/openr1.parquet [--max_rows N]``.
+Usage: ``python data_preprocess/openr1.py [--input Elliott/Openr1-Math-46k-8192 | FILE [FILE ...]] --output
+data/openr1.parquet [--max_rows N]``. Several files are read in order as one set (a hub dataset downloaded with
+``hf download`` may come in shards). Without access to the hub, the command says so in one line and names
+``--input``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,20 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_preprocess.common import clean_answer, dedupe, finalize, load_records, make_row, user_message, write_rows
+from data_preprocess.common import (
+    HubUnavailable,
+    clean_answer,
+    dedupe,
+    finalize,
+    load_records,
+    make_row,
+    user_message,
+    write_rows,
+)
 
 DEFAULT_DATASET = "Elliott/Openr1-Math-46k-8192"
 DEFAULT_DATA_SOURCE = "openr1"
+LOCAL_OPTION = "--input FILE [FILE ...]"
 
 
 def convert_record(record: Mapping[str, Any], position: int) -> tuple[dict[str, Any] | None, str]:
@@ -82,14 +94,21 @@ def build_rows(records: Iterable[Mapping[str, Any]], max_rows: int | None = None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--input", default=DEFAULT_DATASET, help="hub dataset name or local file")
+    parser.add_argument("--input", nargs="+", default=[DEFAULT_DATASET],
+                        help="hub dataset name, or local .parquet/.jsonl/.json/.csv file(s) read as one set")
     parser.add_argument("--split", default="train", help="hub split")
     parser.add_argument("--output", default="data/openr1.parquet", help=".parquet or .jsonl")
     parser.add_argument("--max_rows", type=int, default=None)
     args = parser.parse_args(argv)
-    rows, counts = build_rows(load_records(args.input, split=args.split), args.max_rows)
+    try:
+        records = [record for source in args.input
+                   for record in load_records(source, split=args.split, local_option=LOCAL_OPTION)]
+    except HubUnavailable as exc:
+        print(f"openr1: {exc}", file=sys.stderr)
+        return 2
+    rows, counts = build_rows(records, args.max_rows)
     path = write_rows(rows, args.output)
-    print(f"openr1: {args.input} -> {path}")
+    print(f"openr1: {' '.join(args.input)} -> {path}")
     for key, value in counts.items():
         print(f"  {key}: {value}")
     return 0

@@ -299,3 +299,90 @@ def test_hub_route_passes_config_and_split(monkeypatch):
     assert calls == [("allenai/ai2_arc", "ARC-Challenge", "test"), ("HuggingFaceH4/aime_2024", None, "train"),
                      ("Elliott/Openr1-Math-46k-8192", None, "train")]
     assert len(ood_rows) == 2 and len(math_rows) == 2 and len(train_rows) == 2
+
+
+# ----------------------------------------------------------------------------------------------- no hub access
+def _offline_errors():
+    """What `datasets` raises without the hub (load.py of datasets 5: a ConnectionError naming the cause), and
+    the raw errors of its HTTP stack when a data-file download fails later."""
+    httpx = pytest.importorskip("httpx")
+    hub_errors = pytest.importorskip("huggingface_hub.errors")
+    offline = ConnectionError("Couldn't reach 'x' on the Hub (OfflineModeIsEnabled)")
+    offline.__cause__ = hub_errors.OfflineModeIsEnabled("offline mode is enabled")
+    return {
+        "openr1": ConnectionError("Couldn't reach 'Elliott/Openr1-Math-46k-8192' on the Hub (LocalEntryNotFoundError)"),
+        "math": offline,
+        "ood": httpx.ConnectError("[Errno -2] Name or service not known"),
+    }
+
+
+PROCESSED = ", or import the authors' processed parquet with --processed FILE."
+
+
+@pytest.mark.parametrize("script, argv, option", [
+    ("openr1", [], "(.parquet, .jsonl, .json or .csv) with --input FILE [FILE ...]."),
+    ("math", ["--benchmarks", "aime24"], "with --local aime24=FILE" + PROCESSED),
+    ("ood", ["--benchmarks", "arc_c"], "with --local arc_c=FILE" + PROCESSED),
+])
+def test_unreachable_hub_is_one_line_naming_the_local_file_option(script, argv, option, monkeypatch, tmp_path,
+                                                                 capsys):
+    datasets = pytest.importorskip("datasets")
+    error = _offline_errors()[script]
+
+    def no_hub(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    module = {"openr1": openr1, "math": math_benchmarks, "ood": ood_benchmarks}[script]
+    output = tmp_path / "out.parquet"
+    assert module.main([*argv, "--output", str(output)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert "cannot reach the Hugging Face Hub for dataset" in captured.err and option in captured.err
+    assert type(error).__name__ in captured.err and "hf download" in captured.err and not output.exists()
+
+
+def test_gated_dataset_is_one_line_too(monkeypatch, capsys, tmp_path):
+    datasets = pytest.importorskip("datasets")
+
+    def gated(*args, **kwargs):
+        raise datasets.exceptions.DatasetNotFoundError("Dataset 'Idavidrein/gpqa' is a gated dataset on the Hub.")
+
+    monkeypatch.setattr(datasets, "load_dataset", gated)
+    assert ood_benchmarks.main(["--benchmarks", "gpqa", "--output", str(tmp_path / "o.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ood_benchmarks: the Hugging Face Hub did not give") and "gated dataset" in err
+    assert "--local gpqa=FILE" in err and "gpqa_diamond train split" in err
+
+
+def test_other_loader_errors_are_not_disguised_as_hub_trouble(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug in the loader")
+
+    monkeypatch.setattr(datasets, "load_dataset", broken)
+    with pytest.raises(ValueError, match="a bug in the loader"):
+        openr1.main(["--output", "unused.parquet"])
+
+
+def test_real_offline_datasets_gives_one_line_without_traceback(tmp_path):
+    """The real `datasets` in offline mode (no network touched), with an empty cache: the script's own line."""
+    pytest.importorskip("datasets")
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+           "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, str(REPO / "data_preprocess" / "openr1.py"), "--output",
+                             str(tmp_path / "train.parquet")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("openr1: cannot reach the Hugging Face Hub for dataset 'Elliott/Openr1-Math-46k-8192'")
+    assert "--input FILE [FILE ...]" in last and not (tmp_path / "train.parquet").exists()
+
+
+def test_openr1_reads_several_local_files_as_one_set(tmp_path):
+    output = tmp_path / "train.parquet"
+    assert openr1.main(["--input", str(FIXTURES / "openr1_46k.jsonl"), str(FIXTURES / "openr1_220k.jsonl"),
+                        "--output", str(output)]) == 0
+    one = [openr1.build_rows(fixture(name))[0] for name in ("openr1_46k.jsonl", "openr1_220k.jsonl")]
+    both = pd.read_parquet(output)
+    assert [e["qid"] for e in both["extra_info"]] == [r["extra_info"]["qid"] for rows in one for r in rows]
