@@ -162,6 +162,16 @@ def test_cli_prints_the_report_and_writes_png_and_json(pool_file, tokenizer, tmp
     assert (pool_file.parent / "pool_inspect.json").is_file() and (pool_file.parent / "pool_inspect.png").is_file()
 
 
+def test_empty_pool_of_a_run_that_never_replayed(tmp_path, capsys):
+    path = tmp_path / "exgrpo_pool.npz"
+    ExperiencePool(ExGRPOConfig(), seed=0).save(path)  # what the CPU runner saves with exgrpo.enable=false
+    assert main([str(path)]) == 0
+    assert "questions held: 0   trajectories: 0   tokens: 0" in capsys.readouterr().out
+    report = json.loads((tmp_path / "pool_inspect.json").read_text())
+    assert (report["buckets"], report["age_histogram"], report["top"], report["active"]) == ([], [], [], False)
+    assert (tmp_path / "pool_inspect.png").stat().st_size > 0
+
+
 class _Trap:
     """Unpickling this would create a folder: proof that the inspector never unpickles."""
 
