@@ -98,16 +98,23 @@ def load_questions(path: str | Path) -> dict[str, dict[str, str]]:
     are skipped (the trainers derive their fallback ids differently, so they cannot be matched here).
     """
     import pandas as pd
+    import pyarrow.parquet as pq
 
     from data_preprocess.common import user_message
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")
-    frame = pd.read_parquet(path)
-    missing = {"prompt", "extra_info"} - set(frame.columns)
+    try:
+        names = set(pq.read_schema(path).names)
+    except Exception as err:  # pyarrow's errors for a file that is not parquet
+        raise ValueError(f"data file {path} is not a parquet file: {err}") from err
+    missing = {"prompt", "extra_info"} - names
     if missing:
         raise ValueError(f"data file {path}: missing column(s) {sorted(missing)}")
+    # only the columns shown: a training file may carry long reference solutions (OpenR1's ``target``)
+    frame = pd.read_parquet(path, columns=[c for c in ("data_source", "prompt", "reward_model", "extra_info")
+                                           if c in names])
     out: dict[str, dict[str, str]] = {}
     for i, row in enumerate(frame.to_dict(orient="records")):
         extra = row.get("extra_info")

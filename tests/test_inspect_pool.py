@@ -210,6 +210,9 @@ def test_missing_tokenizer_or_data_file_is_a_one_line_error(pool_file, tmp_path,
     assert "tokenizer folder" in capsys.readouterr().err
     assert main([str(pool_file), "--data", str(tmp_path / "no.parquet")]) == 2
     assert f"data file {tmp_path / 'no.parquet'} does not exist" in capsys.readouterr().err
+    (tmp_path / "notes.parquet").write_text("not parquet")
+    assert main([str(pool_file), "--data", str(tmp_path / "notes.parquet")]) == 2
+    assert f"data file {tmp_path / 'notes.parquet'} is not a parquet file" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------------- the CPU runner
