@@ -14,6 +14,8 @@
 #   CKPT_DIR (checkpoints/$PROJECT_NAME/$EXPERIMENT_NAME)  CKPT_KEEP (3: actor checkpoints kept on disk)
 #   TOKENS_PER_GPU (18432: actor micro-batch token budget)  MAX_PROMPT_LENGTH (1024)  MAX_RESPONSE_LENGTH (8192)
 #   EXGRPO_DEVICE (gpu; cpu = the CPU profile below, set by cpu_verl_exgrpo.sh)
+#   EXGRPO_PROFILE (recipe: the recipe's defaults; paper: the authors' training, below; set by the model scripts)
+#   CHAT_TEMPLATE (model: the model folder's own; or a Jinja file, e.g. run_scripts/chat_templates/qwen_think.jinja)
 #   DRY_RUN (unset; 1 = print the overrides one per line and exit without starting anything)
 # Relative paths are taken from the directory you run the script in and passed on as absolute paths (Ray workers,
 # the driver and a pre-started cluster's raylets each have their own working directory).
@@ -100,12 +102,41 @@ EXGRPO_CPU_PROFILE=(
   "actor_rollout_ref.rollout.max_num_batched_tokens=2048"
 )
 
+# The authors' training (their released run script and code), setting for setting; the README's table "Where we
+# differ" gives each one's recipe default and reason. Bug fixes (SPEC §4) are not settings: they hold here too.
+# Their loss divides each micro-batch's token-loss sum by 8192 (the response length) and averages ranks: verl's
+# seq-mean-token-sum-norm gives exactly that with loss_scale_factor = 8192 x ranks / sequences per mini-batch
+# (tests/recipe/test_engine_cpu.py checks it on two micro-batches x two ranks).
+exgrpo_paper_profile() {
+  local max_response="$1" ranks="$2" sequences="$3"
+  local scale
+  scale="$(python3 -c 'import sys; print(float(sys.argv[1]) * int(sys.argv[2]) / int(sys.argv[3]))' \
+    "$max_response" "$ranks" "$sequences")"
+  EXGRPO_PAPER_OVERRIDES=(
+    "+reward.custom_reward_function.reward_kwargs.strict_format=true"  # 1. graded only once </think> closes
+    "exgrpo.clip_fresh_after_start=false"                 # 2. on-policy tokens unclipped once replay starts
+    "actor_rollout_ref.actor.clip_ratio_c=1.0e9"          #    and never dual-clipped (their surrogate has none)
+    "actor_rollout_ref.actor.loss_scale_factor=$scale"    # 3. token-loss sum / 8192 per micro-batch, mean of ranks
+    "exgrpo.entropy_agg=micro_batch_token_mean"           # 4. entropy bonus: token mean per micro-batch
+    "exgrpo.skip_step_grad_norm=500.0"                    # 5. skip_grad_bound=500
+    "exgrpo.retire_before_start=true"                     # 6. all-correct questions retire from step 1
+    "trainer.val_before_train=false"                      # 7. their script's val_before_train=False
+  )
+}
+
 # exgrpo_launch NAME [script overrides...] -- [user overrides...]
 exgrpo_launch() {
   local name="$1"
   shift
-  local device="${EXGRPO_DEVICE:-gpu}"
+  local device="${EXGRPO_DEVICE:-gpu}" profile="${EXGRPO_PROFILE:-recipe}"
   case "$device" in gpu | cpu) ;; *) exgrpo_fail "EXGRPO_DEVICE=$device: use gpu or cpu" ;; esac
+  case "$profile" in recipe | paper) ;; *) exgrpo_fail "EXGRPO_PROFILE=$profile: use recipe or paper" ;; esac
+  # 7. the authors' layout and budgets (their script: ppo_max_token_len_per_gpu 32768, rollout TP 2, vLLM memory
+  # 0.80, two checkpoints kept); the recipe's own defaults otherwise.
+  local tokens_default=18432 tp_default=1 mem_default=0.7 keep_default=3
+  if [ "$profile" = paper ]; then
+    tokens_default=32768 tp_default=2 mem_default=0.8 keep_default=2
+  fi
   exgrpo_require_env MODEL_PATH "a local Hugging Face model directory, e.g. /models/Qwen2.5-Math-7B"
   MODEL_PATH="$(exgrpo_abspath "$MODEL_PATH")"
   [ -d "$MODEL_PATH" ] || exgrpo_fail "MODEL_PATH=$MODEL_PATH is not a directory"
@@ -118,7 +149,18 @@ exgrpo_launch() {
   [ -f "$val_file" ] || exgrpo_fail "validation file $val_file not found (set VAL_FILE or DATA_DIR)"
   local max_prompt="${MAX_PROMPT_LENGTH:-1024}" max_response="${MAX_RESPONSE_LENGTH:-8192}"
   exgrpo_check_context $((max_prompt + max_response))
-  exgrpo_check_chat_template
+  local template="${CHAT_TEMPLATE:-model}" template_override=()
+  if [ "$template" = model ]; then
+    exgrpo_check_chat_template
+  else
+    template="$(exgrpo_abspath "$template")"
+    [ -f "$template" ] || exgrpo_fail "CHAT_TEMPLATE=$template: no such file (or use CHAT_TEMPLATE=model)"
+    if grep -q "'" "$template"; then
+      exgrpo_fail "CHAT_TEMPLATE=$template: write Jinja strings with double quotes (the template is passed to hydra" \
+        "in single quotes)"
+    fi
+    template_override=("actor_rollout_ref.model.custom_chat_template='$(cat "$template")'")
+  fi
 
   local project="${PROJECT_NAME:-exgrpo}" experiment="${EXPERIMENT_NAME:-$name}"
   local ckpt_dir
@@ -145,7 +187,7 @@ exgrpo_launch() {
     "actor_rollout_ref.actor.ppo_mini_batch_size=64"
     "actor_rollout_ref.actor.ppo_epochs=1"
     "actor_rollout_ref.actor.use_dynamic_bsz=true"
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=${TOKENS_PER_GPU:-18432}"
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=${TOKENS_PER_GPU:-$tokens_default}"
     "actor_rollout_ref.actor.entropy_coeff=0.001"
     # The entropy bonus over 8192-token responses: compute it in chunks and recompute it in the backward pass
     # instead of keeping [tokens x vocabulary] activations (152k vocabulary: ~10 GB per 18k-token micro-batch).
@@ -157,8 +199,8 @@ exgrpo_launch() {
     "actor_rollout_ref.rollout.name=vllm"
     "actor_rollout_ref.rollout.n=8"
     "actor_rollout_ref.rollout.temperature=1.0"
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=${ROLLOUT_TP:-1}"
-    "actor_rollout_ref.rollout.gpu_memory_utilization=${GPU_MEM_UTIL:-0.7}"
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=${ROLLOUT_TP:-$tp_default}"
+    "actor_rollout_ref.rollout.gpu_memory_utilization=${GPU_MEM_UTIL:-$mem_default}"
     "actor_rollout_ref.rollout.max_num_batched_tokens=$((max_prompt + max_response))"
     "actor_rollout_ref.rollout.val_kwargs.temperature=0.6"
     "actor_rollout_ref.rollout.val_kwargs.top_p=1.0"
@@ -177,7 +219,7 @@ exgrpo_launch() {
     "trainer.test_freq=10"
     "trainer.save_freq=50"
     # 700 steps saved every 50 would keep 14 full checkpoints (~85 GB each for a 7B model with its optimizer).
-    "trainer.max_actor_ckpt_to_keep=${CKPT_KEEP:-3}"
+    "trainer.max_actor_ckpt_to_keep=${CKPT_KEEP:-$keep_default}"
     "trainer.val_before_train=true"
     "trainer.n_gpus_per_node=${N_GPUS_PER_NODE:-8}"
     "trainer.nnodes=${NNODES:-1}"
@@ -186,7 +228,13 @@ exgrpo_launch() {
     "trainer.experiment_name=$experiment"
     "trainer.default_local_dir=$ckpt_dir"
     "+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='$pythonpath'"
+    ${template_override[@]+"${template_override[@]}"}
   )
+  if [ "$profile" = paper ]; then
+    # The reference batch shape: 64 questions x 8 rollouts per mini-batch.
+    exgrpo_paper_profile "$max_response" $(( ${N_GPUS_PER_NODE:-8} * ${NNODES:-1} )) $((64 * 8))
+    overrides+=("${EXGRPO_PAPER_OVERRIDES[@]}")
+  fi
   if [ "$device" = cpu ]; then
     # verl loads recipe.exgrpo.cpu in every process (driver, Ray workers, vLLM's engine) through
     # VERL_USE_EXTERNAL_MODULES; VERL_PLATFORM=cpu switches it on. Ray workers get both through runtime_env.

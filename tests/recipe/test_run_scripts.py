@@ -17,14 +17,12 @@ pytest.importorskip("verl")
 
 from recipe_helpers import REPO, compose_config  # noqa: E402
 
-SCRIPTS = {
-    "qwen2.5_math_7b_exgrpo.sh": True,
-    "qwen2.5_math_7b_grpo.sh": False,
-    "qwen2.5_math_1.5b_exgrpo.sh": True,
-    "qwen2.5_7b_instruct_exgrpo.sh": True,
-    "llama3.1_8b_exgrpo.sh": True,
-    "llama3.1_8b_instruct_exgrpo.sh": True,
-    "luffy_continual_exgrpo.sh": True,
+SCRIPTS = {  # script -> (ExGRPO on, chat template file or None for the model's own, vLLM tensor parallel size)
+    "qwen2.5_math_7b_exgrpo.sh": (True, "qwen_think.jinja", 2),
+    "qwen2.5_math_7b_grpo.sh": (False, "qwen_think.jinja", 2),
+    "qwen2.5_math_1.5b_exgrpo.sh": (True, "qwen_think.jinja", 1),
+    "llama3.1_8b_exgrpo.sh": (True, "llama3_think.jinja", 2),
+    "llama3.1_8b_instruct_exgrpo.sh": (True, None, 2),
 }
 
 
@@ -36,13 +34,24 @@ def fake_model(folder, max_positions=16384, chat_template=True):
     return folder
 
 
+_DROP = ("MODEL_PATH", "DATA_DIR", "TRAIN_FILE", "VAL_FILE", "CKPT_DIR", "PYTHONPATH", "EXGRPO_DEVICE",
+         "EXGRPO_PROFILE", "CHAT_TEMPLATE", "N_GPUS_PER_NODE", "NNODES", "ROLLOUT_TP", "VERL_PLATFORM",
+         "VERL_USE_EXTERNAL_MODULES", "VERL_FILE_LOGGER_PATH", "VLLM_CPU_KVCACHE_SPACE")
+
+
 def run_script(name, env_extra, *args, cwd=None):
-    drop = ("MODEL_PATH", "DATA_DIR", "TRAIN_FILE", "VAL_FILE", "CKPT_DIR", "PYTHONPATH", "EXGRPO_DEVICE",
-            "VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "VERL_FILE_LOGGER_PATH", "VLLM_CPU_KVCACHE_SPACE")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env = {k: v for k, v in os.environ.items() if k not in _DROP}
     env.update(env_extra)
     return subprocess.run(["bash", str(REPO / "run_scripts" / name), *args], capture_output=True, text=True,
                           env=env, timeout=60, cwd=cwd)
+
+
+def run_launcher(env_extra, name="launcher"):
+    """The shared launcher with no model script around it: the recipe's defaults (what the CPU job launches)."""
+    env = {k: v for k, v in os.environ.items() if k not in _DROP}
+    env.update(env_extra)
+    command = f'source "{REPO}/run_scripts/_launch.sh" && exgrpo_launch {name} --'
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=60)
 
 
 @pytest.fixture
@@ -70,7 +79,8 @@ def test_script_overrides_compose_validate_and_match_the_reference_run(name, tmp
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     core, _ = load_settings(config)
     check_verl_settings(config, core)
-    assert core.enable is SCRIPTS[name]
+    enabled, template, tensor_parallel = SCRIPTS[name]
+    assert core.enable is enabled
     assert config.trainer.total_training_steps == 5  # user overrides come last and win
     # SPEC §1.5 reference settings.
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
@@ -78,7 +88,7 @@ def test_script_overrides_compose_validate_and_match_the_reference_run(name, tmp
     assert (core.rho, core.beta, core.start_acc) == (0.5, 0.1, 0.35)
     assert actor.optim.lr == 1e-6 and actor.optim.weight_decay == 0.01 and actor.grad_clip == 1.0
     assert actor.entropy_coeff == 0.001 and not actor.use_kl_loss and not need_reference_policy(config)
-    assert actor.loss_agg_mode == "seq-mean-token-sum-norm" and actor.loss_scale_factor == 8192
+    assert actor.loss_agg_mode == "seq-mean-token-sum-norm"
     assert config.algorithm.norm_adv_by_std_in_grpo is False
     assert (config.data.max_prompt_length, config.data.max_response_length) == (1024, 8192)
     assert rollout.temperature == 1.0 and rollout.val_kwargs.temperature == 0.6
@@ -89,7 +99,16 @@ def test_script_overrides_compose_validate_and_match_the_reference_run(name, tmp
     # backward pass, and a bounded number of full checkpoints on disk.
     assert actor.strategy == "fsdp2" and config.actor_rollout_ref.ref.strategy == "fsdp2"
     assert actor.fsdp_config.entropy_checkpointing and actor.fsdp_config.entropy_from_logits_with_chunking
-    assert config.trainer.max_actor_ckpt_to_keep == 3
+    # The authors' training, setting for setting (issue: "The paper's runs, setting for setting").
+    assert config.reward.custom_reward_function.reward_kwargs.strict_format is True
+    assert (core.clip_fresh_after_start, core.retire_before_start) == (False, True)
+    assert core.skip_step_grad_norm == 500.0 and core.entropy_agg == "micro_batch_token_mean"
+    assert actor.loss_scale_factor == 8192 * 8 / (64 * 8) and actor.clip_ratio_c >= 1e9
+    assert config.trainer.val_before_train is False and actor.ppo_max_token_len_per_gpu == 32768
+    assert rollout.tensor_model_parallel_size == tensor_parallel and rollout.gpu_memory_utilization == 0.8
+    assert config.trainer.max_actor_ckpt_to_keep == 2
+    expected_template = (REPO / "run_scripts" / "chat_templates" / template).read_text() if template else None
+    assert config.actor_rollout_ref.model.custom_chat_template == expected_template
 
 
 def test_missing_model_path_data_or_short_context_are_clear_errors(tmp_path, data_dir):
@@ -103,8 +122,17 @@ def test_missing_model_path_data_or_short_context_are_clear_errors(tmp_path, dat
     result = run_script(name, {"MODEL_PATH": str(short), "DATA_DIR": str(data_dir), "DRY_RUN": "1"})
     assert result.returncode == 2 and "max_position_embeddings=4096 < 9216" in result.stderr
     bare = fake_model(tmp_path / "bare", chat_template=False)
-    result = run_script("llama3.1_8b_exgrpo.sh", {"MODEL_PATH": str(bare), "DATA_DIR": str(data_dir), "DRY_RUN": "1"})
+    result = run_script("llama3.1_8b_instruct_exgrpo.sh",
+                        {"MODEL_PATH": str(bare), "DATA_DIR": str(data_dir), "DRY_RUN": "1"})
     assert result.returncode == 2 and "no chat template" in result.stderr
+    # The base model's script brings its template, so a folder without one is fine there.
+    result = run_script("llama3.1_8b_exgrpo.sh", {"MODEL_PATH": str(bare), "DATA_DIR": str(data_dir), "DRY_RUN": "1"})
+    assert result.returncode == 0, result.stderr
+    quoted = tmp_path / "quoted.jinja"
+    quoted.write_text("{{ 'x' }}")
+    result = run_script(name, {"MODEL_PATH": str(model), "DATA_DIR": str(data_dir), "DRY_RUN": "1",
+                               "CHAT_TEMPLATE": str(quoted)})
+    assert result.returncode == 2 and "double quotes" in result.stderr
 
 
 def test_gpu_and_node_counts_and_logger_come_from_the_environment(tmp_path, data_dir):
@@ -203,10 +231,9 @@ def _resolved(overrides):
 def test_cpu_profile_changes_only_device_size_and_engine_settings_of_the_reference_run(tmp_path, data_dir):
     env = {"MODEL_PATH": str(fake_model(tmp_path / "model")), "DATA_DIR": str(data_dir), "DRY_RUN": "1",
            "EXPERIMENT_NAME": "same"}
-    gpu = run_script("qwen2.5_math_7b_exgrpo.sh", env)
+    gpu = run_launcher(env)
     # What cpu_verl_exgrpo.sh sets before it calls the same launcher.
-    cpu = run_script("qwen2.5_math_7b_exgrpo.sh",
-                     {**env, "EXGRPO_DEVICE": "cpu", "MAX_PROMPT_LENGTH": "10", "MAX_RESPONSE_LENGTH": "24"})
+    cpu = run_launcher({**env, "EXGRPO_DEVICE": "cpu", "MAX_PROMPT_LENGTH": "10", "MAX_RESPONSE_LENGTH": "24"})
     assert gpu.returncode == 0 and cpu.returncode == 0, gpu.stderr + cpu.stderr
     gpu_config, cpu_config = _resolved(gpu.stdout.splitlines()), _resolved(cpu.stdout.splitlines())
     changed = {k for k in gpu_config.keys() | cpu_config.keys() if gpu_config.get(k) != cpu_config.get(k)}
@@ -218,3 +245,41 @@ def test_cpu_profile_changes_only_device_size_and_engine_settings_of_the_referen
     readme = (REPO / "README.md").read_text()
     for key in sorted(allowed):
         assert f"`{key}`" in readme, f"README's GPU vs CPU table does not list {key}"
+
+
+def test_recipe_profile_keeps_the_safe_defaults_and_the_paper_loss_scale_follows_the_ranks(tmp_path, data_dir):
+    env = {"MODEL_PATH": str(fake_model(tmp_path / "model")), "DATA_DIR": str(data_dir), "DRY_RUN": "1"}
+    config = compose_config(run_launcher(env).stdout.splitlines())
+    core, _ = load_settings_checked(config)
+    assert core.clip_fresh_after_start and not core.retire_before_start and core.skip_step_grad_norm is None
+    assert core.entropy_agg == "loss_agg_mode" and config.actor_rollout_ref.actor.loss_scale_factor == 8192
+    assert "reward_kwargs" not in config.reward.custom_reward_function
+    for gpus, nodes, scale in (("8", "1", 128.0), ("4", "1", 64.0), ("8", "2", 256.0)):
+        result = run_script("qwen2.5_math_7b_exgrpo.sh", {**env, "N_GPUS_PER_NODE": gpus, "NNODES": nodes})
+        assert compose_config(result.stdout.splitlines()).actor_rollout_ref.actor.loss_scale_factor == scale
+
+
+def test_chat_templates_render_the_prompt_the_model_scripts_promise(tmp_path, data_dir):
+    import jinja2
+
+    env = {"MODEL_PATH": str(fake_model(tmp_path / "model")), "DATA_DIR": str(data_dir), "DRY_RUN": "1"}
+    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
+    expected = {
+        "qwen2.5_math_7b_exgrpo.sh":
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n",
+        "llama3.1_8b_exgrpo.sh":
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user"
+            "<|end_header_id|>\n\nQ<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n<think>\n",
+    }
+    for name, prompt in expected.items():
+        config = compose_config(run_script(name, env).stdout.splitlines())
+        template = jinja2.Environment().from_string(config.actor_rollout_ref.model.custom_chat_template)
+        assert template.render(messages=chat, add_generation_prompt=True, bos_token="<|begin_of_text|>") == prompt
+
+
+def load_settings_checked(config):
+    from recipe.exgrpo.settings import check_verl_settings, load_settings
+
+    core, recipe = load_settings(config)
+    check_verl_settings(config, core)
+    return core, recipe
