@@ -2,7 +2,7 @@
 
 A replayed question's group is its K - 1 fresh rollouts plus the stored success, so the replayed member
 shifts the group baseline like any other: three fresh failures and one replayed success give
-[-.5, -.5, -.5, 1.5] without std normalisation. The numbers match verl's ``compute_grpo_outcome_advantage``
+[-.25, -.25, -.25, .75] without std normalisation (the paper's runs) and [-.5, -.5, -.5, 1.5] with it. The numbers match verl's ``compute_grpo_outcome_advantage``
 (unbiased std, a lone member gets mean 0 and std 1), so the CPU runner and the verl recipe agree.
 """
 
