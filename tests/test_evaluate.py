@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -86,9 +85,15 @@ def test_invalid_jsonl_names_the_line(tmp_path):
         evaluate.read_jsonl(path)
 
 
-def test_generate_without_vllm_stops_with_a_clear_message(tmp_path):
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm is installed here")
+def _without_vllm(folder: Path) -> Path:
+    """A folder that, first on the path, makes ``import vllm`` fail as on a machine without it."""
+    (folder / "vllm").mkdir(parents=True, exist_ok=True)
+    (folder / "vllm" / "__init__.py").write_text('raise ImportError("stand-in: vLLM is not installed")\n')
+    return folder
+
+
+def test_generate_without_vllm_stops_with_a_clear_message(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError, installed or not
     with pytest.raises(SystemExit, match="needs vLLM on a GPU machine"):
         evaluate.generate("model-dir", str(tmp_path / "data.parquet"), str(tmp_path / "out.jsonl"))
 
@@ -96,10 +101,10 @@ def test_generate_without_vllm_stops_with_a_clear_message(tmp_path):
 def test_eval_script_guards(tmp_path):
     if shutil.which("bash") is None:
         pytest.skip("no bash")
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm is installed here")
     script = REPO / "run_scripts" / "eval_benchmarks.sh"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    stand_in = _without_vllm(tmp_path / "no_vllm")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+           "PYTHONPATH": f"{stand_in}:{os.environ.get('PYTHONPATH', '')}"}
     missing = subprocess.run(["bash", str(script), str(tmp_path / "no_such_ckpt")], capture_output=True, text=True,
                              env=env)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
