@@ -37,6 +37,16 @@ _FLOAT32 = np.dtype("<f4")
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
 
+def _group_size(qid: str, rewards: Sequence[float], responses: Sequence, log_probs: Sequence) -> int:
+    """Rollouts in one question's group; an empty group or mismatched lengths are the caller's bug."""
+    n = len(rewards)
+    if n == 0:
+        raise ValueError(f"question {qid!r}: no fresh rollouts given")
+    if len(responses) != n or len(log_probs) != n:
+        raise ValueError(f"question {qid!r}: {n} rewards but {len(responses)} responses and {len(log_probs)} log_probs")
+    return n
+
+
 @dataclass(frozen=True)
 class Collected:
     """What :meth:`ExperiencePool.collect` did with one question's fresh rollouts of a step."""
@@ -168,13 +178,7 @@ class ExperiencePool:
         ``"ignored"`` (already retired, or a continuous group with zero spread below the maximum).
         """
         qid = str(qid)
-        n = len(rewards)
-        if n == 0:
-            raise ValueError(f"question {qid!r}: no fresh rollouts given")
-        if len(responses) != n or len(log_probs) != n:
-            raise ValueError(
-                f"question {qid!r}: {n} rewards but {len(responses)} responses and {len(log_probs)} log_probs"
-            )
+        n = _group_size(qid, rewards, responses, log_probs)
         scores = np.asarray(rewards, dtype=np.float64)
         if not np.all(np.isfinite(scores)):
             raise ValueError(f"question {qid!r}, {self.reward_problem(scores)}")
@@ -263,13 +267,7 @@ class ExperiencePool:
         still raise: those are bugs of the caller, not data.
         """
         qid = str(qid)
-        n = len(rewards)
-        if n == 0:
-            raise ValueError(f"question {qid!r}: no fresh rollouts given")
-        if len(responses) != n or len(log_probs) != n:
-            raise ValueError(
-                f"question {qid!r}: {n} rewards but {len(responses)} responses and {len(log_probs)} log_probs"
-            )
+        n = _group_size(qid, rewards, responses, log_probs)
         if qid in self._retired:
             return Collected("ignored")
         problem = self.reward_problem(rewards)
