@@ -39,7 +39,7 @@ class ExGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
         tq.init(config.transfer_queue)
         succeeded = False
         try:
-            self.trainer = ExGRPOTrainer(config=config)
+            self.trainer = ExGRPOTrainer(config=config)  # ExGRPO: the one line that differs from TaskRunnerV1.run
             self.trainer.init()
             self.init_agent_loop_manager()
             self.trainer.fit(self.agent_loop_manager)
