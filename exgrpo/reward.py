@@ -5,16 +5,20 @@ timeout relies on ``signal.alarm`` (main thread only) and sympy can spin for min
 adversarial answer such as ``\\boxed{9^{9^{9^{9}}}}``; a thread cannot be interrupted. So math answers are
 verified in a small pool of persistent worker *processes* (plain ``subprocess`` children that load this very
 file), each call waits on its worker's pipe with its own wall-clock limit, and a worker that overruns is killed
-and replaced. The parent side never raises and never waits longer than its limits.
+and replaced. The parent side never raises and never waits longer than its limits. Ahead of math-verify, a
+structural pre-check (``precheck_text`` here, ``precheck_candidate`` and ``precheck_tree`` in the worker, on
+exactly what math-verify is about to convert) scores answers whose evaluation would explode 0 in milliseconds,
+with the reason in ``error``; the time limit remains the last resort for whatever it does not recognise.
 
 This file is deliberately self-contained (standard library only at import time): verl loads it by file path
 (``reward.custom_reward_function.path``), outside the ``exgrpo`` package, and the workers load it the same way.
 
 Knobs (keyword arguments, e.g. verl's ``reward.custom_reward_function.reward_kwargs``, or environment variables):
-``timeout_s`` / ``EXGRPO_REWARD_TIMEOUT_S`` (limit on one verification, default 10 s),
+``timeout_s`` / ``EXGRPO_REWARD_TIMEOUT_S`` (limit on one verification, default 20 s),
 ``queue_timeout_s`` / ``EXGRPO_REWARD_QUEUE_TIMEOUT_S`` (limit on waiting for a free or starting worker,
 default 120 s), ``think_end_tag`` (default ``</think>``; ``None`` or ``""`` scores the whole response),
 ``strict_format`` (default False: a response without the tag scores 0 instead of being scored whole),
+``precheck`` (default True; False sends every answer to math-verify, bounded by the time limit only),
 ``EXGRPO_REWARD_WORKERS`` (pool size, default min(8, CPU count)), ``EXGRPO_REWARD_MEM_MB`` (address-space cap
 of each worker, default 4096), ``EXGRPO_REWARD_MAX_CALLS`` (calls before a worker is recycled, default 20000).
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import json
+import math
 import os
 import re
 import select
@@ -46,7 +51,10 @@ def _env_number(name: str, default: float, cast: type = float) -> Any:
         raise ValueError(f"environment variable {name}={raw!r} is not a valid {cast.__name__}") from exc
 
 
-DEFAULT_TIMEOUT_S = _env_number("EXGRPO_REWARD_TIMEOUT_S", 10.0)
+# About twice the slowest legitimate grade measured (9.1 s on an idle core: a correct ODE answer written scaled
+# by 2, which math-verify compares by solving both equations; benchmarks/README.md), so a busy machine does not
+# turn slow correct answers into zeros. Pathological answers no longer wait for it: the pre-check rejects them.
+DEFAULT_TIMEOUT_S = _env_number("EXGRPO_REWARD_TIMEOUT_S", 20.0)
 DEFAULT_QUEUE_TIMEOUT_S = _env_number("EXGRPO_REWARD_QUEUE_TIMEOUT_S", 120.0)
 DEFAULT_WORKERS = _env_number("EXGRPO_REWARD_WORKERS", min(8, os.cpu_count() or 1), int)
 DEFAULT_WORKER_MEM_MB = _env_number("EXGRPO_REWARD_MEM_MB", 4096, int)
@@ -150,6 +158,390 @@ def _score_choice(answer: str, ground_truth: str) -> dict[str, Any]:
     return _result(1.0 if pred == gold else 0.0, pred=pred)
 
 
+# ----------------------------------------------------------------------------------------------- pre-check
+# math-verify spends the whole time limit on some answers: sympy evaluates 9^{9^{9^{9}}} exactly, the LaTeX
+# parser's prediction is super-linear in bracket nesting, and some extraction regexes are quadratic on degenerate
+# text. Each check below rejects one such shape before the work starts, so the answer costs milliseconds
+# instead of a worker's full time limit. Every limit sits far above what real answers use (the benchmark ground
+# truths and generated responses: benchmarks/README.md) and below the size where its cost was measured to explode.
+
+PRECHECK_MAX_UNCLOSED_MATH = 16  # `\[` (or `\(`) openers between two closers: each one rescans the text after it
+PRECHECK_MAX_NUMBER_RUN = 1000  # numbers separated only by whitespace, in a row: math-verify's number regex
+#                                 rescans the run from every one of them
+PRECHECK_MAX_CHARS = 1000  # a candidate answer handed to the LaTeX parser (ground truths: at most 210)
+PRECHECK_MAX_NESTING = 10  # brackets of any kind inside one another (ground truths: at most 4)
+PRECHECK_MAX_NODES = 5000  # nodes of the parsed expression
+PRECHECK_MAX_DEPTH = 100  # depth of the parsed expression (a^b^c^... chains need no brackets)
+PRECHECK_MAX_DIGITS = 100_000  # digits of an exact integer or rational that evaluation would compute
+PRECHECK_MAX_ROOT_DIGITS = 500  # digits of an exact number under a root: sympy factors it to simplify the root
+PRECHECK_MAX_FLOAT_DIGITS = 300  # digits of an exact number that a function (sin, exp, log, ...) or a power of a
+#                                  constant takes: numeric evaluation needs about that many digits of precision
+PRECHECK_MAX_FRACTION_NESTING = 6  # fractions inside denominators (continued fractions): simplify is exponential
+PRECHECK_MAX_SERIES_TERMS = 100  # terms of all sums and products over numeric ranges, summed: term by term
+PRECHECK_MAX_EXPANSION_TERMS = 300  # terms of the expression once powers and products of sums are multiplied out
+PRECHECK_CLOSED_FORM_DEGREE = 3  # a sum over a huge range of a polynomial of at most this degree is allowed:
+#                                  sympy sums it in closed form (its cost grows with the degree, not the range)
+_CLOSED_FORM_SERIES_COST = 25  # what one such closed-form sum counts against PRECHECK_MAX_SERIES_TERMS
+
+
+class PrecheckRejected(BaseException):
+    """Raised inside math-verify's parse to abandon an answer the pre-check rejects.
+
+    A BaseException on purpose: math-verify catches ``Exception`` around each candidate and would go on to the
+    next candidate, which changes which answer is graded instead of rejecting this one.
+    """
+
+
+_BRACKETS_ONLY = str.maketrans("", "", "".join(chr(c) for c in range(128) if chr(c) not in "{}()[]"))
+_NUMBER_RUN_RE = re.compile(rf"(?<![\d.\s])\s*(?:[\d.]+\s+){{{PRECHECK_MAX_NUMBER_RUN}}}")
+# Parser-time evaluation: latex2sympy computes these while converting, before anything else can look at them.
+_EAGER_MATRIX_RE = re.compile(
+    r"\\det\b|\\begin\s*\{\s*[vV]matrix|\\operatorname\s*\{\s*(?:eye|zeros|ones|diag|rank|trace|tr|rref|nullspace"
+    r"|norm|eig|eigen|diagonalize|eigenvals|eigenvalues|eigenvects|eigenvectors|svd|SVD|orth|ortho|orthogonal"
+    r"|orthogonalize|hstack|vstack|cols|rows)\s*\}")
+_EAGER_BINOMIAL_RE = re.compile(r"\\[dt]?binom\b|\\choose\b")
+_EAGER_GCD_RE = re.compile(r"\\(?:gcd|lcm)\b|\\operatorname\s*\{\s*(?:gcd|lcm)\s*\}")
+_LONG_NUMBER_RE = re.compile(r"\d{6}")  # 100000 and more: binomial(10^5, 5 10^4) already takes 0.5 s
+_BIG_EXPONENT_RE = re.compile(r"\^\s*\{?[^}]*(?:\d{6}|\^)")  # an exponent of 100000+ or an exponent tower
+
+
+def precheck_text(answer: str) -> str | None:
+    """Why math-verify's answer *extraction* would be super-linear on this text, or None.
+
+    Runs on the whole answer section (it may be a full response when there is no ``</think>``), so it only
+    looks for degenerate repetition that no written solution has; measured on 4 kB of it: 0.3 s, growing with
+    the square of the length.
+    """
+    for opener, closer in (("\\[", "\\]"), ("\\(", "\\)")):
+        if answer.count(opener) > PRECHECK_MAX_UNCLOSED_MATH:
+            worst = max(segment.count(opener) for segment in answer.split(closer))
+            if worst > PRECHECK_MAX_UNCLOSED_MATH:
+                return f"{worst} unclosed {opener} in a row"
+    if _NUMBER_RUN_RE.search(answer):
+        return f"over {PRECHECK_MAX_NUMBER_RUN} whitespace-separated numbers in a row"
+    return None
+
+
+def precheck_candidate(latex: str) -> str | None:
+    """Why parsing this candidate answer string (what math-verify hands to the LaTeX parser) would be costly.
+
+    Size and bracket nesting bound the parser's own work; the eager constructs are those latex2sympy evaluates
+    while it converts (determinants, matrix constructors, binomials, gcd/lcm), before the tree check can see them.
+    """
+    if len(latex) > PRECHECK_MAX_CHARS:
+        return f"answer of {len(latex)} characters (limit {PRECHECK_MAX_CHARS})"
+    depth = deepest = 0
+    for char in latex.translate(_BRACKETS_ONLY):
+        if char in "{([":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "})]" and depth:
+            depth -= 1
+    if deepest > PRECHECK_MAX_NESTING:
+        return f"brackets nested {deepest} deep (limit {PRECHECK_MAX_NESTING})"
+    if "\\" not in latex:
+        return None
+    if _EAGER_MATRIX_RE.search(latex):
+        cells = latex.count("&") + latex.count("\\\\") + 1
+        if cells > 9 or re.search(r"\d{3}", latex):
+            return "matrix operation evaluated while parsing, on more than a 3x3 matrix or a large size"
+    if _EAGER_BINOMIAL_RE.search(latex) and _LONG_NUMBER_RE.search(latex):
+        return "binomial of a number with 6 or more digits, evaluated while parsing"
+    if _EAGER_GCD_RE.search(latex) and _BIG_EXPONENT_RE.search(latex):
+        return "gcd/lcm of a huge power, evaluated while parsing"
+    return None
+
+
+class _Costly(Exception):
+    """Internal: the tree walk found something too costly to evaluate (the message says what)."""
+
+
+_SYMPY: dict[str, Any] = {}
+
+
+def _sympy_types() -> dict[str, Any]:
+    """The sympy classes the tree check dispatches on, imported on first use (this file imports no sympy)."""
+    if not _SYMPY:
+        import sympy
+        from sympy.functions.combinatorial import factorials, numbers
+
+        _SYMPY.update(
+            Basic=sympy.Basic, MatrixBase=sympy.MatrixBase, Integer=sympy.Integer, Rational=sympy.Rational,
+            Symbol=sympy.Symbol, Add=sympy.Add, Mul=sympy.Mul, Pow=sympy.Pow, Sum=sympy.Sum, Product=sympy.Product,
+            Function=sympy.Function, infinities=(type(sympy.oo), type(-sympy.oo), type(sympy.zoo)),
+            # integer functions whose exact value grows at most like n! (an upper bound for all of them)
+            factorial_like=(factorials.factorial, factorials.factorial2, factorials.subfactorial, sympy.gamma,
+                            numbers.fibonacci, numbers.lucas, numbers.catalan, numbers.bell, numbers.harmonic,
+                            numbers.bernoulli, numbers.euler),
+            pochhammer=(factorials.RisingFactorial, factorials.FallingFactorial),
+            binomial=factorials.binomial,
+            # value-preserving wrappers: exact when their arguments are, never bigger than the largest
+            passthrough=(sympy.Abs, sympy.floor, sympy.ceiling, sympy.Max, sympy.Min, sympy.Mod,
+                         sympy.UnevaluatedExpr, sympy.sign),
+        )
+    return _SYMPY
+
+
+def _power_of_ten(digits: float) -> float:
+    return 10.0**digits if digits < 300 else math.inf
+
+
+def _log10(value: float) -> float:
+    return math.log10(value) if value > 1 else 0.0  # math.log10(inf) is inf
+
+
+def _log10_multinomial_terms(power: float, terms: float) -> float:
+    """log10 of the number of monomials of (t_1 + ... + t_terms)^power multiplied out: C(power+terms-1, terms-1)."""
+    if power == math.inf or terms == math.inf:
+        return math.inf
+    return (math.lgamma(power + terms) - math.lgamma(power + 1) - math.lgamma(terms)) / math.log(10)
+
+
+def _poly_degree(node: Any, var: Any, types: dict[str, Any]) -> float | None:
+    """Degree of ``node`` as a polynomial in ``var`` (None when it is not one): such sums have closed forms."""
+    if not isinstance(node, types["Basic"]):
+        return None
+    if var not in node.free_symbols:
+        return 0
+    if node == var:
+        return 1
+    if isinstance(node, (types["Add"], types["Mul"])):
+        degrees = [_poly_degree(arg, var, types) for arg in node.args]
+        if None in degrees:
+            return None
+        return max(degrees) if isinstance(node, types["Add"]) else sum(degrees)
+    if isinstance(node, types["Pow"]) and isinstance(node.exp, types["Integer"]) and node.exp >= 0:
+        base = _poly_degree(node.base, var, types)
+        return None if base is None else base * int(node.exp)
+    return None
+
+
+def _applies_function_to(node: Any, var: Any, types: dict[str, Any]) -> bool:
+    """Whether ``node`` applies sin, log, ... (anything but factorials) to an expression containing ``var``."""
+    if not isinstance(node, types["Basic"]) or var not in node.free_symbols:
+        return False
+    if isinstance(node, types["Function"]) and not isinstance(node, types["factorial_like"] + (types["binomial"],)):
+        return True
+    return any(_applies_function_to(arg, var, types) for arg in node.args)
+
+
+class _TreeCost:
+    """One walk over a parsed answer, bounding what evaluating each node would compute.
+
+    ``visit`` returns ``(digits, terms)`` per node. ``digits`` bounds log10 of the largest numerator or
+    denominator of the node's exact value when the node is an exact number (integers, rationals, and what
+    sympy computes exactly from them), else None (symbols, floats, constants: nothing exact to grow). ``terms``
+    bounds the number of monomials once powers and products of sums are multiplied out. A node too costly to
+    evaluate raises _Costly; totals over the whole tree (nodes, terms of series) are kept on the instance.
+    """
+
+    def __init__(self) -> None:
+        self.types = _sympy_types()
+        self.nodes = 0
+        self.series_terms = 0.0
+        self.fraction_depth = 0
+
+    def visit(self, node: Any, depth: int, env: dict[Any, float]) -> tuple[float | None, float]:
+        self.nodes += 1
+        if self.nodes > PRECHECK_MAX_NODES:
+            raise _Costly(f"more than {PRECHECK_MAX_NODES} nodes")
+        if depth > PRECHECK_MAX_DEPTH:
+            raise _Costly(f"expression nested more than {PRECHECK_MAX_DEPTH} deep")
+        t = self.types
+        if isinstance(node, t["MatrixBase"]):
+            return self._matrix(node, depth, env)
+        if isinstance(node, (list, tuple)):
+            for item in node:  # elements are compared one by one, never multiplied together
+                self.visit(item, depth + 1, env)
+            return None, 1.0
+        if not isinstance(node, t["Basic"]):
+            return None, 1.0  # str fallbacks, dicts of eigenvalues, ...
+        if isinstance(node, t["Integer"]):
+            return _digits(int(node)), 1.0
+        if isinstance(node, t["Rational"]):
+            return max(_digits(int(node.p)), _digits(int(node.q))), 1.0
+        if isinstance(node, t["Symbol"]):
+            return env.get(node), 1.0
+        if not node.args:
+            return None, 1.0  # Float, pi, E, I, oo, ...
+        if isinstance(node, t["Pow"]):
+            return self._pow(node, depth, env)
+        if isinstance(node, (t["Sum"], t["Product"])):
+            return self._series(node, depth, env)
+        parts = [self.visit(arg, depth + 1, env) for arg in node.args]
+        digits = [d for d, _ in parts]
+        exact = None not in digits
+        if isinstance(node, t["Add"]):
+            return (max(digits) + _log10(len(digits)) if exact else None), self._terms(sum(s for _, s in parts))
+        if isinstance(node, t["Mul"]):
+            return (sum(digits) if exact else None), self._terms(math.prod(s for _, s in parts))
+        if isinstance(node, t["passthrough"]):
+            return (max(digits) if exact else None), 1.0
+        if exact and isinstance(node, t["factorial_like"]):
+            return _check_digits(_factorial_digits(_power_of_ten(max(digits))), "factorial-like value"), 1.0
+        if exact and isinstance(node, t["pochhammer"]) and len(digits) == 2:
+            n, k = (_power_of_ten(d) for d in digits)
+            return _check_digits(k * _log10(n + k), "rising/falling factorial"), 1.0
+        if exact and isinstance(node, t["binomial"]) and len(digits) == 2:
+            n, k = (_power_of_ten(d) for d in digits)
+            return _check_digits(min(n, k) * _log10(n), "binomial coefficient"), 1.0
+        if isinstance(node, t["Function"]):
+            widest = max((d for d in digits if d is not None), default=0.0)
+            if widest > PRECHECK_MAX_FLOAT_DIGITS:
+                raise _Costly(f"function of a {widest:.0f}-digit number (limit {PRECHECK_MAX_FLOAT_DIGITS})")
+        return None, 1.0  # functions, relations, sets, integrals, limits: opaque to multiplying out
+
+    @staticmethod
+    def _terms(terms: float) -> float:
+        if terms > PRECHECK_MAX_EXPANSION_TERMS:
+            shown = f"~{terms:.1e}" if terms < math.inf else "unboundedly many"
+            raise _Costly(f"expands to {shown} terms (limit {PRECHECK_MAX_EXPANSION_TERMS})")
+        return terms
+
+    def _matrix(self, matrix: Any, depth: int, env: dict[Any, float]) -> tuple[float | None, float]:
+        if matrix.rows * matrix.cols > PRECHECK_MAX_NODES:
+            raise _Costly(f"matrix of {matrix.rows}x{matrix.cols} entries")
+        parts = [self.visit(entry, depth + 1, env) for entry in matrix]
+        digits = [d for d, _ in parts]
+        if digits and None not in digits:
+            # each product of two n x n matrices sums n products per entry: log10(n) more digits per factor
+            return max(digits) + _log10(max(matrix.rows, 2)), 1.0
+        # a symbolic matrix multiplied by itself grows like a sum of its entries raised to the power
+        return None, float(max(sum(s for _, s in parts), 1.0))
+
+    def _pow(self, node: Any, depth: int, env: dict[Any, float]) -> tuple[float | None, float]:
+        exp_digits, _ = self.visit(node.exp, depth + 1, env)
+        negative = exp_digits is not None and node.exp.could_extract_minus_sign()
+        self.fraction_depth += negative
+        if self.fraction_depth > PRECHECK_MAX_FRACTION_NESTING:
+            raise _Costly(f"fractions nested more than {PRECHECK_MAX_FRACTION_NESTING} deep")
+        base_digits, base_terms = self.visit(node.base, depth + 1, env)
+        self.fraction_depth -= negative
+        if exp_digits is None:
+            return None, 1.0  # symbolic or floating-point exponent: nothing is computed exactly
+        exponent = _power_of_ten(exp_digits)  # |exponent| <= 10**digits
+        terms = 1.0
+        if base_terms > 1 and (isinstance(node.exp, self.types["Integer"]) or exp_digits >= 1):
+            terms = self._terms(_power_of_ten(_log10_multinomial_terms(exponent, base_terms)))
+        if base_digits is None:
+            if exp_digits > PRECHECK_MAX_FLOAT_DIGITS:
+                raise _Costly(f"power with a {exp_digits:.0f}-digit exponent (limit {PRECHECK_MAX_FLOAT_DIGITS})")
+            return None, terms
+        if not isinstance(node.exp, self.types["Integer"]) and base_digits > PRECHECK_MAX_ROOT_DIGITS:
+            raise _Costly(f"root of a {base_digits:.0f}-digit number (limit {PRECHECK_MAX_ROOT_DIGITS})")
+        if base_digits == 0:
+            return 0.0, terms  # 0, 1 and -1 stay small whatever the exponent
+        return _check_digits(base_digits * exponent, "power"), terms
+
+    def _series(self, node: Any, depth: int, env: dict[Any, float]) -> tuple[float | None, float]:
+        inner = dict(env)
+        count: float = 1
+        infinite = False
+        for limit in node.limits:
+            var, bounds = limit[0], limit[1:]
+            infinite |= any(isinstance(bound, self.types["infinities"]) for bound in bounds)
+            bound_digits = [self.visit(bound, depth + 1, env)[0] for bound in bounds]
+            if len(bounds) == 2 and None not in bound_digits:
+                low, high = bounds
+                if isinstance(low, self.types["Integer"]) and isinstance(high, self.types["Integer"]):
+                    count *= max(int(high) - int(low) + 1, 0)
+                else:
+                    count *= _power_of_ten(bound_digits[0]) + _power_of_ten(bound_digits[1]) + 1
+                inner[var] = max(bound_digits)
+            else:
+                count = math.inf  # symbolic or infinite range: summed in closed form or not at all
+                inner.pop(var, None)
+        is_sum = isinstance(node, self.types["Sum"])
+        kind = "sum" if is_sum else "product"
+        variables = [limit[0] for limit in node.limits]
+        if infinite and any(_applies_function_to(node.function, var, self.types) for var in variables):
+            # evalf sums such series numerically, with acceleration that can run for minutes (sin(k)/k^2)
+            raise _Costly(f"infinite {kind} of a function of its index")
+        digits, _ = self.visit(node.function, depth + 1, inner)
+        if count < math.inf:
+            cost = count
+            if count > PRECHECK_MAX_SERIES_TERMS and is_sum:
+                degrees = [_poly_degree(node.function, var, self.types) for var in variables]
+                if None not in degrees and max(degrees) <= PRECHECK_CLOSED_FORM_DEGREE:
+                    cost = _CLOSED_FORM_SERIES_COST
+            self.series_terms += cost
+            if self.series_terms > PRECHECK_MAX_SERIES_TERMS:
+                shown = f"~{count:.0e} terms" if cost == count else "a closed form"
+                raise _Costly(f"{kind} of {shown}: over {PRECHECK_MAX_SERIES_TERMS} terms of sums and products in all")
+        if digits is None or count == math.inf:
+            return None, 1.0
+        if not is_sum:
+            return _check_digits(digits * count, "product"), 1.0
+        return digits + _log10(count), 1.0
+
+
+def _digits(value: int) -> float:
+    return math.log10(abs(value)) if value else 0.0  # exact for ints of any size
+
+
+def _factorial_digits(n: float) -> float:
+    return n * _log10(n)  # log10(n!) <= n log10(n)
+
+
+def _check_digits(digits: float, what: str) -> float:
+    if digits > PRECHECK_MAX_DIGITS:
+        shown = f"~{digits:.1e}" if digits < math.inf else "unboundedly many"
+        raise _Costly(f"{what} with {shown} digits (limit {PRECHECK_MAX_DIGITS})")
+    return digits
+
+
+def precheck_tree(expr: Any) -> str | None:
+    """Why evaluating this parsed answer (math-verify's doit, evalf and simplify) could explode, or None.
+
+    Bounds the digits of every exact number sympy would compute (powers, factorials, binomials, products),
+    the number of terms of sums and products over numeric ranges, the size of multiplied-out powers of sums,
+    the size of numbers under roots, and the size and depth of the expression itself.
+    """
+    try:
+        _TreeCost().visit(expr, 0, {})
+    except _Costly as exc:
+        return str(exc)
+    except RecursionError:
+        return "expression too deep to inspect"
+    return None
+
+
+def _install_precheck(parser_module: Any) -> bool:
+    """Wrap math-verify's two conversion entry points (LaTeX and plain expressions) with the pre-check.
+
+    The wrapper sees exactly the strings math-verify is about to convert and the sympy objects it gets back,
+    in the order it tries them, so an answer is rejected only when math-verify would really spend its time on
+    it; a rejection ends the whole parse (PrecheckRejected). Returns False when this math-verify lacks the two
+    functions (the time limit then remains the only protection).
+    """
+    originals = {name: getattr(parser_module, name, None) for name in ("parse_latex_cached", "parse_expr_cached")}
+    if not all(callable(fn) for fn in originals.values()):
+        return False
+
+    def guarded(convert: Any) -> Any:
+        def run(text: str) -> Any:
+            if not _PRECHECK_STATE["on"]:
+                return convert(text)
+            reason = precheck_candidate(text)
+            if reason is None:
+                result = convert(text)
+                reason = precheck_tree(result)
+                if reason is None:
+                    return result
+            raise PrecheckRejected(reason)
+
+        run.exgrpo_precheck = True
+        return run
+
+    for name, fn in originals.items():
+        if not getattr(fn, "exgrpo_precheck", False):  # installing twice must not stack the wrappers
+            setattr(parser_module, name, guarded(fn))
+    return True
+
+
+_PRECHECK_STATE = {"on": False}  # worker process only: on while the answer is parsed, off for the ground truth
+
+
 # ----------------------------------------------------------------------------------------------- math, worker side
 def _serve() -> None:  # pragma: no cover - runs in the worker process (exercised through the pool in tests)
     """Worker loop: one JSON request per stdin line, one JSON reply per line on the protocol pipe."""
@@ -159,7 +551,12 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process (exercise
     import logging
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
+    import math_verify.parser
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    if not _install_precheck(math_verify.parser):
+        print("exgrpo.reward: this math-verify has no parse_latex_cached/parse_expr_cached; answers are not "
+              "pre-checked, only the time limit protects the workers", file=sys.stderr)
 
     mem_mb = DEFAULT_WORKER_MEM_MB
     if mem_mb > 0:
@@ -173,7 +570,7 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process (exercise
     pred_config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
     gold_cache: dict[str, list] = {}
 
-    def grade(gold: str, answer: str) -> dict[str, Any]:
+    def grade(gold: str, answer: str, precheck: bool = True) -> dict[str, Any]:
         parsed_gold = gold_cache.get(gold)
         if parsed_gold is None:
             parsed_gold = parse("\\boxed{" + gold + "}", extraction_config=gold_config, parsing_timeout=None)
@@ -182,7 +579,13 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process (exercise
             gold_cache[gold] = parsed_gold
         if not parsed_gold:
             return _result(error="ground truth could not be parsed")
-        parsed = parse(answer, extraction_config=pred_config, parsing_timeout=None)
+        _PRECHECK_STATE["on"] = precheck
+        try:
+            parsed = parse(answer, extraction_config=pred_config, parsing_timeout=None)
+        except PrecheckRejected as exc:
+            return _result(error=f"pre-check: {exc}")
+        finally:
+            _PRECHECK_STATE["on"] = False
         if not parsed:
             return _result(error="no answer found")
         correct = verify(parsed_gold, parsed, timeout_seconds=None)
@@ -194,7 +597,7 @@ def _serve() -> None:  # pragma: no cover - runs in the worker process (exercise
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            reply = grade(request["gold"], request["answer"])
+            reply = grade(request["gold"], request["answer"], bool(request.get("precheck", True)))
         except MemoryError:
             reply = _result(error="worker memory limit")
         except Exception as exc:  # noqa: BLE001 - a grading failure is a zero, never a crash of the worker
@@ -332,18 +735,20 @@ class VerifierPool:
         if worker is not None:
             worker.kill()
 
-    def grade(self, gold: str, answer: str, timeout_s: float, queue_timeout_s: float) -> dict[str, Any]:
+    def grade(self, gold: str, answer: str, timeout_s: float, queue_timeout_s: float, precheck: bool = True
+              ) -> dict[str, Any]:
         """Verify ``answer`` against ``gold`` in a worker; a zero with a reason on any failure or overrun.
 
-        A worker found dead before it took the request (killed from outside, OOM-killed while idle) is not the
-        answer's fault: it is replaced and the request retried once.
+        ``precheck`` makes the worker reject costly candidates (:func:`precheck_candidate`, :func:`precheck_tree`)
+        instead of evaluating them. A worker found dead before it took the request (killed from outside,
+        OOM-killed while idle) is not the answer's fault: it is replaced and the request retried once.
         """
-        result, retry = self._grade_once(gold, answer, timeout_s, queue_timeout_s)
+        result, retry = self._grade_once(gold, answer, timeout_s, queue_timeout_s, precheck)
         if retry:
-            result, _ = self._grade_once(gold, answer, timeout_s, queue_timeout_s)
+            result, _ = self._grade_once(gold, answer, timeout_s, queue_timeout_s, precheck)
         return result
 
-    def _grade_once(self, gold: str, answer: str, timeout_s: float, queue_timeout_s: float
+    def _grade_once(self, gold: str, answer: str, timeout_s: float, queue_timeout_s: float, precheck: bool = True
                     ) -> tuple[dict[str, Any], bool]:
         worker = self._acquire(time.monotonic() + queue_timeout_s)
         if worker is None:
@@ -357,7 +762,7 @@ class VerifierPool:
                 worker.ready = True
             if worker.proc.poll() is not None:
                 return _result(error="verifier worker died"), True
-            payload = (json.dumps({"gold": gold, "answer": answer}) + "\n").encode("ascii")
+            payload = (json.dumps({"gold": gold, "answer": answer, "precheck": precheck}) + "\n").encode("ascii")
             deadline = time.monotonic() + timeout_s
             try:
                 worker.proc.stdin.write(payload)
@@ -449,7 +854,12 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
             return _result(error="empty answer")
         if is_multiple_choice(data_source):
             return _score_choice(answer, str(ground_truth))
-        return get_pool().grade(str(ground_truth), answer, timeout_s, queue_timeout_s)
+        precheck = bool(kwargs.get("precheck", True))
+        if precheck:
+            reason = precheck_text(answer)
+            if reason is not None:
+                return _result(error=f"pre-check: {reason}")
+        return get_pool().grade(str(ground_truth), answer, timeout_s, queue_timeout_s, precheck)
     except Exception as exc:  # noqa: BLE001 - a reward function that raises kills a training run
         return _result(error=f"{type(exc).__name__}: {exc}")
 

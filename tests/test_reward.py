@@ -201,9 +201,10 @@ def test_adversarial_answer_scores_zero_within_limit(name):
 
 
 def test_timeout_is_reported_and_worker_replaced():
+    # the pre-check rejects the tower in milliseconds; switched off, the time limit is what stops it
     pool = reward.get_pool()
     restarts = pool.restarts
-    result = compute_score("math", ADVERSARIAL["tower of exponents"], "2", timeout_s=LIMIT_S)
+    result = compute_score("math", ADVERSARIAL["tower of exponents"], "2", timeout_s=LIMIT_S, precheck=False)
     assert result["timeout"] is True and result["score"] == 0.0
     assert pool.restarts == restarts + 1
     assert math_score("<think></think>\\boxed{5}", "5") == 1.0  # the replacement works
