@@ -7,13 +7,13 @@ an incompatible verl option fails in seconds with the offending key named, not h
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from exgrpo.config import ExGRPOConfig
 
-RECIPE_ONLY_KEYS = ("seed", "allow_empty_pool_on_resume", "score_max_token_len_per_gpu")
 POOL_FILE_NAME = "exgrpo_pool.npz"
 PENDING_FILE_NAME = "exgrpo_pending_fresh.json"  # deferred fresh rows' question ids, beside the pool file
 
@@ -38,7 +38,11 @@ class RecipeSettings:
             raise ValueError(f"exgrpo.score_max_token_len_per_gpu={budget!r}: must be a positive integer or null")
 
 
-def _plain(section: Any) -> dict[str, Any]:
+# The exgrpo-section keys that are not ExGRPOConfig fields.
+RECIPE_ONLY_KEYS = tuple(f.name for f in dataclasses.fields(RecipeSettings))
+
+
+def plain_section(section: Any) -> dict[str, Any]:
     """An OmegaConf node or mapping as a plain dict (interpolations resolved)."""
     try:
         from omegaconf import DictConfig, OmegaConf
@@ -60,7 +64,7 @@ def load_settings(config: Any) -> tuple[ExGRPOConfig, RecipeSettings]:
     """
     if "exgrpo" not in config:
         raise ValueError("the config has no top-level 'exgrpo' section (use recipe/exgrpo/config/exgrpo_trainer.yaml)")
-    section = _plain(config["exgrpo"])
+    section = plain_section(config["exgrpo"])
     core = ExGRPOConfig.from_dict(section, ignore=RECIPE_ONLY_KEYS)
     recipe = RecipeSettings(**{k: section[k] for k in RECIPE_ONLY_KEYS if k in section})
     rollout_n = int(config["actor_rollout_ref"]["rollout"]["n"])

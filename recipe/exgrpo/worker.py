@@ -26,7 +26,7 @@ from exgrpo.config import ExGRPOConfig
 from exgrpo.selection import mean_token_entropy
 from recipe.exgrpo.loss import exgrpo_actor_loss
 from recipe.exgrpo.records import MEAN_ENTROPY_FIELD
-from recipe.exgrpo.settings import RECIPE_ONLY_KEYS
+from recipe.exgrpo.settings import RECIPE_ONLY_KEYS, plain_section
 
 # The trainer config's ``exgrpo`` section reaches the worker as ``actor_rollout_ref.exgrpo`` (an
 # interpolation in the recipe yaml): workers only receive the ``actor_rollout_ref`` subtree.
@@ -38,14 +38,7 @@ def worker_exgrpo_config(actor_rollout_ref_config: Any) -> ExGRPOConfig | None:
     section = actor_rollout_ref_config.get(WORKER_CONFIG_KEY, None)
     if section is None:
         return None
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(section, DictConfig):
-            section = OmegaConf.to_container(section, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return ExGRPOConfig.from_dict(dict(section), ignore=RECIPE_ONLY_KEYS)
+    return ExGRPOConfig.from_dict(plain_section(section), ignore=RECIPE_ONLY_KEYS)
 
 
 SKIPPED_UPDATE_METRIC = "exgrpo/update_skipped"
