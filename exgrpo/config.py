@@ -95,6 +95,12 @@ class ExGRPOConfig:
         metadata={"help": "Retire a question solved by all its fresh rollouts also before the delayed start "
                   "(the authors' runs); False retires only once collection has started."},
     )
+    retire_after: int = field(
+        default=1,
+        metadata={"help": "Consecutive all-correct fresh groups a question needs before it retires. 1 = the paper "
+                  "(one fully solved group retires it); 2 or 3 keep a question that was solved once by luck, "
+                  "in the top bucket, until it is solved again."},
+    )
     skip_step_grad_norm: float | None = field(
         default=None,
         metadata={"help": "Skip an optimizer step (and count it) whose gradient norm before clipping exceeds this "
@@ -134,6 +140,8 @@ class ExGRPOConfig:
                 fail(name, "must be > 0")
         if integer("n_rollouts") < 2:
             fail("n_rollouts", "K must be >= 2 (GRPO needs a group)")
+        if integer("retire_after") < 1:
+            fail("retire_after", "must be >= 1 (1 = the paper: one all-correct group retires a question)")
         for name in ("max_per_question", "max_stored_tokens"):
             if getattr(self, name) is not None and integer(name) < 1:
                 fail(name, "must be >= 1 or None")

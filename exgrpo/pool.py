@@ -2,7 +2,7 @@
 
 After each step, every question's *fresh* rollouts are summarised by their accuracy. Partly solved questions
 keep their correct trajectories (token ids exactly as generated and the behaviour policy's per-token
-log-probs), fully solved ones retire for good, and every held question sits in the bucket of its latest
+log-probs), fully solved ones retire for good (after ``retire_after`` fully solved groups in a row), and every held question sits in the bucket of its latest
 accuracy, from which :func:`exgrpo.sampling` draws replay questions. Memory is bounded per question and,
 optionally, globally (least recently updated questions go first).
 
@@ -138,6 +138,8 @@ class ExperiencePool:
         self._questions: OrderedDict[str, _Question] = OrderedDict()  # least recently updated first
         self._buckets: dict[float, _Bucket] = {}
         self._retired: set[str] = set()
+        # qid -> consecutive all-correct groups so far, for retire_after > 1 (absent = 0)
+        self._solved_streak: dict[str, int] = {}
         self.active = False
         self._trajectories = 0
         self._tokens = 0
@@ -174,7 +176,8 @@ class ExperiencePool:
         """Record one question's fresh rollouts of ``step`` (never the replayed member).
 
         Returns what happened: ``"stored"`` (partly solved: successes kept, bucket updated), ``"retired"``
-        (all solved), ``"unsolved"`` (none solved: a held question moves to the lowest bucket), or
+        (all solved, ``retire_after`` times in a row), ``"solved"`` (all solved, but fewer times in a row than
+        ``retire_after``: successes kept, held in the top bucket), ``"unsolved"`` (none solved: a held question moves to the lowest bucket), or
         ``"ignored"`` (already retired, or a continuous group with zero spread below the maximum).
         """
         qid = str(qid)
@@ -190,22 +193,30 @@ class ExperiencePool:
         if self.config.reward_type == "binary":
             successes = scores == 1.0
             k = int(successes.sum())
-            if k == n:
+            if k == n and self._count_solved(qid):
                 return self._retire(qid)
             bucket = accuracy = k / n
         else:
             lo, hi = self.config.reward_min, self.config.reward_max
             spread = float(np.std(scores)) / ((hi - lo) / 2.0)
             if spread < 1e-9:
-                if float(scores.mean()) >= hi - 1e-9:
+                if float(scores.mean()) >= hi - 1e-9 and self._count_solved(qid):
                     return self._retire(qid)
-                return "ignored"
-            successes = scores > scores.mean()
-            k = int(successes.sum())
-            accuracy = float(np.mean(scores))
-            levels = self.config.n_rollouts
-            bucket = round(min(spread, 1.0) * levels) / levels
+                if float(scores.mean()) < hi - 1e-9:
+                    self._solved_streak.pop(qid, None)
+                    return "ignored"
+                successes = np.ones(n, dtype=bool)  # solved, not yet retire_after times: keep them all
+                k, accuracy, bucket = n, float(np.mean(scores)), 1.0
+            else:
+                successes = scores > scores.mean()
+                k = int(successes.sum())
+                accuracy = float(np.mean(scores))
+                levels = self.config.n_rollouts
+                bucket = round(min(spread, 1.0) * levels) / levels
         bucket = round(bucket, 9)  # a stable dict key for k / n
+        solved = k == n
+        if not solved:
+            self._solved_streak.pop(qid, None)  # the streak counts consecutive all-correct groups only
         if k == 0:
             held = self._questions.get(qid)
             if held is not None:
@@ -221,7 +232,7 @@ class ExperiencePool:
             self._move(qid, held, bucket, accuracy, step)
         self._store(held, new)
         self._enforce_token_cap()
-        return "stored"
+        return "solved" if solved else "stored"
 
     def reward_problem(self, rewards: Sequence[float]) -> str | None:
         """Why ``rewards`` cannot be read under ``reward_type`` (naming the first bad rollout), or None.
@@ -350,9 +361,22 @@ class ExperiencePool:
         else:
             lo, hi = self.config.reward_min, self.config.reward_max
             solved = float(np.std(scores)) / ((hi - lo) / 2.0) < 1e-9 and float(scores.mean()) >= hi - 1e-9
-        if solved:
+        if not solved:
+            self._solved_streak.pop(qid, None)
+            return False
+        if self._count_solved(qid):
             self._retire(qid)
-        return solved
+            return True
+        return False
+
+    def _count_solved(self, qid: str) -> bool:
+        """Count one more all-correct group for ``qid``; True once it has ``retire_after`` in a row."""
+        streak = self._solved_streak.get(qid, 0) + 1
+        if streak >= self.config.retire_after:
+            self._solved_streak.pop(qid, None)
+            return True
+        self._solved_streak[qid] = streak
+        return False
 
     def _retire(self, qid: str) -> str:
         if qid in self._questions:
@@ -494,6 +518,7 @@ class ExperiencePool:
             "token_ids": token_ids,
             "log_probs": log_probs,
             "retired": sorted(self._retired),
+            "solved_streak": json.dumps(dict(sorted(self._solved_streak.items()))),
             "active": self.active,
             "counters": dict(self.counters),
             "rng": json.dumps(self._rng.bit_generator.state),
@@ -529,6 +554,8 @@ class ExperiencePool:
                 raise ValueError("pool state: duplicate question ids")
             rng_state = json.loads(state["rng"])
             retired = {str(q) for q in state["retired"]}
+            # absent in files written before retire_after existed, when every streak was 0
+            streak = {str(q): int(v) for q, v in json.loads(str(state.get("solved_streak", "{}"))).items()}
             active = bool(state["active"])
             counters = {k: int(v) for k, v in dict(state["counters"]).items()}
         except KeyError as err:
@@ -561,6 +588,7 @@ class ExperiencePool:
         if overlap:
             raise ValueError(f"pool state: question {sorted(overlap)[0]!r} is both held and retired")
         self._retired = retired
+        self._solved_streak = streak
         self.active = active
         self.counters.update(counters)
         self._rng = np.random.default_rng()

@@ -11,7 +11,7 @@ from exgrpo.config import ExGRPOConfig
         ("select", "greedy"), ("reward_type", "dense"), ("enable", "yes"), ("rho", float("nan")),
         ("beta", "0.1"), ("clip_fresh_after_start", 0), ("retire_before_start", "true"),
         ("skip_step_grad_norm", 0.0), ("skip_step_grad_norm", -5.0), ("skip_step_grad_norm", float("inf")),
-        ("entropy_agg", "token-mean"),
+        ("entropy_agg", "token-mean"), ("retire_after", 0), ("retire_after", 1.5), ("retire_after", True),
     ],
 )
 def test_invalid_values_name_the_field(field, value):

@@ -395,3 +395,46 @@ def test_retire_if_solved_retires_only_all_correct_groups_and_stores_nothing():
     assert continuous.retire_if_solved("x", [2.0, 2.0, 2.0]) is True
     assert continuous.retire_if_solved("y", [1.0, 1.0, 1.0]) is False  # zero spread below the maximum
     assert continuous.retire_if_solved("z", [2.0, 1.5, 2.0]) is False
+
+
+def test_retire_after_needs_that_many_all_correct_groups_in_a_row():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K, retire_after=2))
+    assert pool.update("q", *group([1] * 8), step=1) == "solved"  # first all-correct group: held, top bucket
+    assert not pool.is_retired("q") and pool.bucket_of("q") == 1.0 and len(pool.candidates("q")) == 8
+    assert pool.update("q", *group([1, 0, 0, 0, 0, 0, 0, 0]), step=2) == "stored"  # breaks the streak
+    assert pool.bucket_of("q") == 0.125
+    assert pool.update("q", *group([1] * 8), step=3) == "solved"  # the count starts again at 1
+    assert pool.update("q", *group([1] * 8), step=4) == "retired"
+    assert pool.is_retired("q") and "q" not in pool and pool.stats()["pool/trajectories"] == 0
+
+
+def test_retire_after_one_is_the_paper_and_the_streak_survives_save_and_load(tmp_path):
+    paper = ExperiencePool(ExGRPOConfig(n_rollouts=K))
+    assert paper.update("q", *group([1] * 8), step=1) == "retired"
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K, retire_after=3), seed=1)
+    pool.update("q", *group([1] * 8), step=1)
+    pool.update("q", *group([1] * 8), step=2)
+    pool.save(tmp_path / "pool.npz")
+    restored = ExperiencePool.load(tmp_path / "pool.npz")
+    assert restored.state_digest() == pool.state_digest()
+    assert restored.update("q", *group([1] * 8), step=3) == "retired"  # third in a row, across the restore
+    state = pool.state_dict()
+    del state["solved_streak"]  # a file from before retire_after: every streak starts at 0
+    old = ExperiencePool(ExGRPOConfig(n_rollouts=K, retire_after=3))
+    old.load_state_dict(state)
+    assert old.update("q", *group([1] * 8), step=3) == "solved"
+
+
+def test_retire_if_solved_and_continuous_rewards_count_the_same_streak():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4, retire_after=2), seed=0)
+    assert pool.retire_if_solved("a", [1, 1, 1, 1]) is False and not pool.is_retired("a") and len(pool) == 0
+    assert pool.retire_if_solved("a", [1, 1, 1, 1]) is True and pool.is_retired("a")
+    assert pool.retire_if_solved("b", [1, 1, 1, 1]) is False
+    assert pool.retire_if_solved("b", [1, 0, 1, 1]) is False  # breaks b's streak
+    assert pool.retire_if_solved("b", [1, 1, 1, 1]) is False and not pool.is_retired("b")
+    assert pool.update("b", *group([1, 1, 1, 1]), step=5) == "retired"  # the pre-start count carries over
+    cont = ExperiencePool(ExGRPOConfig(n_rollouts=3, reward_type="continuous", reward_max=2.0, retire_after=2))
+    assert cont.update("x", *group([2.0, 2.0, 2.0]), step=1) == "solved" and cont.bucket_of("x") == 1.0
+    assert cont.update("x", *group([1.0, 1.0, 1.0]), step=2) == "ignored"  # zero spread below max: streak reset
+    assert cont.update("x", *group([2.0, 2.0, 2.0]), step=3) == "solved"
+    assert cont.update("x", *group([2.0, 2.0, 2.0]), step=4) == "retired"

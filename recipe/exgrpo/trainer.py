@@ -531,7 +531,7 @@ class ExGRPOTrainer(PPOTrainerSync):
         if by_kind[True]:
             metrics["exgrpo/fresh_acc_replay_groups"] = self.pool.success_rate(by_kind[True])
         metrics["exgrpo/latch"] = float(active)
-        for outcome in ("stored", "retired", "unsolved", "ignored", "skipped"):
+        for outcome in ("stored", "solved", "retired", "unsolved", "ignored", "skipped"):  # solved: retire_after > 1
             metrics[f"exgrpo/outcome_{outcome}"] = float(outcomes[outcome])
         metrics["exgrpo/skipped_nonfinite_log_probs"] = float(skipped_log_probs)
         metrics["exgrpo/skipped_invalid_reward"] = float(skipped_rewards)
