@@ -56,6 +56,14 @@ class DataConfig:
     n_train_per_level: int = 1500
     n_test_per_level: int = 300
     seed: int = 0
+    # RL draws fresh questions from only this many training questions (a fixed subset with each level's share,
+    # chosen by data.seed), over as many passes as the run needs; the warm start still learns from all of them.
+    # The scarce-data regime of benchmarks/regime_study.py. None: every training question.
+    rl_questions: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rl_questions is not None and self.rl_questions < 1:
+            raise ValueError(f"data.rl_questions must be >= 1 or null, got {self.rl_questions}")
 
 
 @dataclass
@@ -156,6 +164,19 @@ def load_questions(path: str | Path, tokenizer: Any) -> list[Question]:
         out.append(Question(qid, tm.prompt_text(tokenizer, row.prompt), str(reward_model["ground_truth"]),
                             str(row.data_source), int(extra.get("level", 0))))
     return out
+
+
+def rl_subset(questions: Sequence[Question], n: int | None, seed: int) -> list[Question]:
+    """``n`` questions with each level's share of ``questions`` (seeded, in file order); all if ``n`` is None."""
+    if n is None or n >= len(questions):
+        return list(questions)
+    levels = sorted({q.level for q in questions})
+    by_level = {lv: [q for q in questions if q.level == lv] for lv in levels}
+    counts = {lv: round(n * len(by_level[lv]) / len(questions)) for lv in levels}
+    counts[levels[-1]] = max(0, n - sum(counts[lv] for lv in levels[:-1]))
+    rng = random.Random(seed)
+    chosen = {q.qid for lv in levels for q in rng.sample(by_level[lv], min(counts[lv], len(by_level[lv])))}
+    return [q for q in questions if q.qid in chosen]
 
 
 class FreshStream:
@@ -301,7 +322,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
                           strict=True))
     by_qid = {q.qid: q for q in train_qs}
     pool = pool if pool is not None else ExperiencePool(xc, seed=tc.seed)
-    stream = FreshStream(train_qs, tc.seed)
+    stream = FreshStream(rl_subset(train_qs, cfg.data.rl_questions, cfg.data.seed), tc.seed)
     gen = torch.Generator().manual_seed(tc.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
     metrics_file = (out_dir / "metrics.jsonl").open("w")
@@ -333,22 +354,23 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
         prompts = torch.cat([prompts, torch.stack([prompt_ids[qid] for qid in replay])]) if replay else prompts
         rewards = torch.tensor([score(by_qid[qid].data_source, tokenizer.decode(r, skip_special_tokens=True),
                                       by_qid[qid].ground_truth) for qid, r in zip(row_qids, responses, strict=True)])
-        # 3. log-probs of the behaviour policy (pi_old) and the stored pi_past of replay rows
+        # 3. one forward with gradients; pi_old is its detached output. One update per batch means the
+        # parameters that generated the rollouts are the ones being differentiated, so a separate no-grad
+        # forward would recompute the same numbers (the model has no dropout: train() == eval() here).
         resp = tm.pad_responses(responses, pad)
         lengths = torch.tensor([len(r) for r in responses])
         mask = torch.arange(resp.shape[1])[None, :] < lengths[:, None]
         is_replay = torch.arange(len(responses)) >= n_fresh_rows
-        with torch.no_grad():
-            old_log_prob = tm.token_log_probs(tm.response_logits(model, prompts, resp), resp, tc.temperature)
-        past_log_prob = old_log_prob.clone()
+        model.train()
+        logits = tm.response_logits(model, prompts, resp) / tc.temperature
+        log_prob = tm.token_log_probs(logits, resp)
+        old_log_prob = log_prob.detach()
+        past_log_prob = old_log_prob.clone()  # the stored pi_past of replay rows
         for i, t in enumerate(chosen):
             past_log_prob[n_fresh_rows + i, : len(t.log_probs)] = torch.from_numpy(t.log_probs.copy())
         adv = grpo_advantages(rewards, row_qids, norm_by_std=tc.norm_adv_by_std)
         advantages = adv[:, None].expand_as(old_log_prob) * mask
         # 4. one AdamW step on the ExGRPO objective
-        model.train()
-        logits = tm.response_logits(model, prompts, resp) / tc.temperature
-        log_prob = tm.token_log_probs(logits, resp)
         replay_started = xc.enable and pool.active
         loss, loss_metrics = exgrpo_policy_loss(
             log_prob, old_log_prob, past_log_prob, advantages, mask, is_replay, clip_ratio=tc.clip_ratio,
@@ -431,6 +453,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
         "first_replay_step": next((h["step"] for h in steps_run if h["replay_questions"]), None),
         "wall_s": round(time.perf_counter() - t0, 1), "total_s": round(time.perf_counter() - t_start, 1),
         "model": str(model_path), "warm_start": json.loads((model_path / "warm_start.json").read_text()),
+        "environment": environment(),
         "metrics": str(out_dir / "metrics.jsonl"), "plot": str(out_dir / "plot.png") if tc.plot else None,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -442,6 +465,20 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------- report
+def environment() -> dict[str, Any]:
+    """What the numbers depend on besides the config: the float kernels torch picks for this CPU and versions.
+
+    A fresh process with the same seed and config reproduces a run bit for bit only where all of these match,
+    the warm start included (it is cached by config and data alone, so a model built elsewhere is reused
+    silently). Measured: ATEN_CPU_CAPABILITY=avx2 vs avx512 changes the warm start's weights and every RL step
+    in the last float bits; 1 vs 2 threads leaves the warm start identical but changes RL gradients (~1e-7).
+    """
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
+
+
 def plot(history: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> None:
     """Accuracy, pool size and the pool's bucket histogram over steps, in one PNG."""
     import matplotlib
@@ -486,6 +523,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  pool: {s['pool_questions']} questions, {s['pool_trajectories']} trajectories; retired: {s['retired']}",
         f"  replay share: {s['replay_share']:.1%} of question slots (first replay at step {s['first_replay_step']})",
         f"  metrics: {s['metrics']}   plot: {s['plot']}",
+        *([f"  environment: torch {env['torch']}, transformers {env['transformers']}, "
+           f"{env['cpu_capability']} kernels, {env['threads']} thread(s)"] if (env := s.get("environment")) else []),
     ])
 
 

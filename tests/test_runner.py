@@ -13,7 +13,16 @@ from hypothesis import strategies as st
 
 from exgrpo.config import ExGRPOConfig
 from exgrpo.pool import ExperiencePool
-from exgrpo.runner import FreshStream, Question, compose_batch, format_summary, load_config, local_score, train
+from exgrpo.runner import (
+    FreshStream,
+    Question,
+    compose_batch,
+    format_summary,
+    load_config,
+    local_score,
+    rl_subset,
+    train,
+)
 
 CONFIG = Path(__file__).resolve().parents[1] / "exgrpo" / "configs" / "cpu_tiny.yaml"
 
@@ -94,6 +103,15 @@ def test_config_overrides_and_errors_name_the_key(tmp_path):
         load_config(CONFIG, ["steps=3"])
     with pytest.raises(ValueError, match="trainer.reward"):
         load_config(CONFIG, ["trainer.reward=llm"])
+
+
+def test_rl_subset_keeps_each_levels_share_and_is_fixed_by_its_seed():
+    questions = [Question(f"q{i}", f"Q:{i}+0=", str(i), "s", 1 + (i % 4 == 0)) for i in range(400)]  # 300 / 100
+    subset = rl_subset(questions, 40, seed=3)
+    assert len(subset) == 40 and [q.level for q in subset].count(2) == 10
+    assert len({q.qid for q in subset}) == 40 and set(subset) <= set(questions)
+    assert subset == rl_subset(questions, 40, seed=3) and subset != rl_subset(questions, 40, seed=4)
+    assert rl_subset(questions, None, seed=3) == questions == rl_subset(questions, 1000, seed=3)
 
 
 def test_local_score_is_exact_match_of_the_last_box():
@@ -182,3 +200,33 @@ def test_authors_switches_skip_large_gradient_steps_and_retire_before_the_start(
     off = [r for r in _metrics(train(_smoke_config(smoke_root, "no_retire", extra[:1] + extra[2:])))
            if r["step"] > 0 and "loss" in r]
     assert all(r["pool/retired"] == 0 for r in off)
+
+
+def _run_in_fresh_process(root: Path, out: str, cache: str) -> list[dict]:
+    """``python -m exgrpo.runner`` as a user starts it: a new interpreter, its own seeding and thread setup."""
+    import os
+    import subprocess
+    import sys
+
+    paths = [f"data.train_file={root}/data/train.parquet", f"data.test_file={root}/data/test.parquet",
+             f"trainer.model_cache={root}/{cache}", f"trainer.output_dir={root}/{out}", "trainer.plot=false",
+             "exgrpo.start_acc=0.0"]
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    subprocess.run([sys.executable, "-m", "exgrpo.runner", "--config", str(CONFIG), *SMOKE, *paths], check=True,
+                   cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, timeout=600)
+    rows = [json.loads(line) for line in (root / out / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        row.pop("time_s", None)
+    summary = json.loads((root / out / "summary.json").read_text())
+    warm = {k: summary["warm_start"][k] for k in ("steps", "train_greedy_acc", "final_loss")}
+    return [warm, *rows]
+
+
+def test_same_seed_same_numbers_in_fresh_processes_with_the_warm_start_built_or_loaded(tmp_path):
+    # Two processes that each build the warm start in their own cache (a newcomer's first run), and a third that
+    # loads the first one's cached model: the README's "same seed, same numbers", warm start included.
+    built_a = _run_in_fresh_process(tmp_path, "a", "models_a")
+    built_b = _run_in_fresh_process(tmp_path, "b", "models_b")
+    loaded = _run_in_fresh_process(tmp_path, "c", "models_a")
+    assert len(built_a) > 3 and any("replay_questions" in r for r in built_a)
+    assert built_a == built_b == loaded
