@@ -58,6 +58,8 @@ def adversarial_cases() -> dict[str, tuple[str, str]]:
         "huge power": (_boxed("10^{10^{10}}"), "2"),
         "huge negative power": (_boxed("2^{-10^{10}}"), "0"),
         "caret chain without braces": (_boxed("^".join(["2"] * 400)), "2"),
+        "floating-point power tower": (_boxed("1.5^{1.5^{1.5^{1.5^{1.5^{10}}}}}"), "2"),
+        "exponential tower": (_boxed("e^{e^{e^{e^{e^{10}}}}}"), symbolic),
         "factorial of a power tower": (_boxed("((10^{10})!)!"), "2"),
         "huge factorial": (_boxed("10000000!"), "2"),
         "gamma of a huge number": (_boxed("\\Gamma(10^{10})"), "2"),

@@ -267,9 +267,13 @@ def _sympy_types() -> dict[str, Any]:
 
         _SYMPY.update(
             Basic=sympy.Basic, MatrixBase=sympy.MatrixBase, Integer=sympy.Integer, Rational=sympy.Rational,
-            Symbol=sympy.Symbol, Add=sympy.Add, Mul=sympy.Mul, Pow=sympy.Pow, Sum=sympy.Sum, Product=sympy.Product,
-            Function=sympy.Function, infinities=(type(sympy.oo), type(-sympy.oo), type(sympy.zoo)),
-            # integer functions whose exact value grows at most like n! (an upper bound for all of them)
+            Float=sympy.Float, NumberSymbol=sympy.NumberSymbol, Symbol=sympy.Symbol, Add=sympy.Add, Mul=sympy.Mul,
+            Pow=sympy.Pow, Sum=sympy.Sum, Product=sympy.Product, Function=sympy.Function, log=sympy.log,
+            AppliedUndef=sympy.core.function.AppliedUndef, infinities=(type(sympy.oo), type(-sympy.oo),
+                                                                       type(sympy.zoo)),
+            # |log10| of their value grows like their argument itself, not like its logarithm
+            exp_like=(sympy.exp, sympy.sinh, sympy.cosh),
+            # integer functions whose value grows at most like n! (an upper bound for all of them)
             factorial_like=(factorials.factorial, factorials.factorial2, factorials.subfactorial, sympy.gamma,
                             numbers.fibonacci, numbers.lucas, numbers.catalan, numbers.bell, numbers.harmonic,
                             numbers.bernoulli, numbers.euler),
@@ -288,6 +292,20 @@ def _power_of_ten(digits: float) -> float:
 
 def _log10(value: float) -> float:
     return math.log10(value) if value > 1 else 0.0  # math.log10(inf) is inf
+
+
+def _digits(value: int) -> float:
+    return math.log10(abs(value)) if value else 0.0  # exact for ints of any size
+
+
+def _float_magnitude(value: Any) -> float:
+    """|log10| of a sympy Float, also beyond the range of a double (1e999999999 parses as a Float)."""
+    _, mantissa, exponent, bits = value._mpf_  # value = mantissa * 2**exponent, the mantissa has `bits` bits
+    if not mantissa:
+        return 0.0
+    if abs(exponent + bits) < 1000:
+        return abs(math.log10(mantissa) + exponent * math.log10(2))
+    return (abs(exponent + bits) + 1) * math.log10(2)
 
 
 def _log10_multinomial_terms(power: float, terms: float) -> float:
@@ -325,14 +343,18 @@ def _applies_function_to(node: Any, var: Any, types: dict[str, Any]) -> bool:
     return any(_applies_function_to(arg, var, types) for arg in node.args)
 
 
+_SYMBOLIC = (None, False, 1.0)
+
+
 class _TreeCost:
     """One walk over a parsed answer, bounding what evaluating each node would compute.
 
-    ``visit`` returns ``(digits, terms)`` per node. ``digits`` bounds log10 of the largest numerator or
-    denominator of the node's exact value when the node is an exact number (integers, rationals, and what
-    sympy computes exactly from them), else None (symbols, floats, constants: nothing exact to grow). ``terms``
-    bounds the number of monomials once powers and products of sums are multiplied out. A node too costly to
-    evaluate raises _Costly; totals over the whole tree (nodes, terms of series) are kept on the instance.
+    ``visit`` returns ``(mag, exact, terms)`` per node. ``mag`` is None for a node with free symbols; for a
+    number it bounds |log10| of its value, and when ``exact`` (integers, rationals and what sympy computes
+    exactly from them: no floats, no pi) it bounds log10 of the largest numerator or denominator, the digits
+    that exact evaluation would compute. ``terms`` bounds the number of monomials once powers and products of
+    sums are multiplied out. A node too costly to evaluate raises _Costly; totals over the whole tree (nodes,
+    terms of series) are kept on the instance.
     """
 
     def __init__(self) -> None:
@@ -341,7 +363,7 @@ class _TreeCost:
         self.series_terms = 0.0
         self.fraction_depth = 0
 
-    def visit(self, node: Any, depth: int, env: dict[Any, float]) -> tuple[float | None, float]:
+    def visit(self, node: Any, depth: int, env: dict[Any, float]) -> tuple[float | None, bool, float]:
         self.nodes += 1
         if self.nodes > PRECHECK_MAX_NODES:
             raise _Costly(f"more than {PRECHECK_MAX_NODES} nodes")
@@ -353,43 +375,65 @@ class _TreeCost:
         if isinstance(node, (list, tuple)):
             for item in node:  # elements are compared one by one, never multiplied together
                 self.visit(item, depth + 1, env)
-            return None, 1.0
+            return _SYMBOLIC
         if not isinstance(node, t["Basic"]):
-            return None, 1.0  # str fallbacks, dicts of eigenvalues, ...
+            return _SYMBOLIC  # str fallbacks, dicts of eigenvalues, ...
         if isinstance(node, t["Integer"]):
-            return _digits(int(node)), 1.0
+            return _digits(int(node)), True, 1.0
         if isinstance(node, t["Rational"]):
-            return max(_digits(int(node.p)), _digits(int(node.q))), 1.0
+            return max(_digits(int(node.p)), _digits(int(node.q))), True, 1.0
+        if isinstance(node, t["Float"]):
+            return _float_magnitude(node), False, 1.0
+        if isinstance(node, t["NumberSymbol"]):
+            return 0.5, False, 1.0  # pi, E, EulerGamma, GoldenRatio, ...: between 0.5 and 3.2
         if isinstance(node, t["Symbol"]):
-            return env.get(node), 1.0
+            return (env[node], True, 1.0) if node in env else _SYMBOLIC
         if not node.args:
-            return None, 1.0  # Float, pi, E, I, oo, ...
+            return (0.0, False, 1.0) if node.is_number and not isinstance(node, t["infinities"]) else _SYMBOLIC
         if isinstance(node, t["Pow"]):
             return self._pow(node, depth, env)
         if isinstance(node, (t["Sum"], t["Product"])):
             return self._series(node, depth, env)
         parts = [self.visit(arg, depth + 1, env) for arg in node.args]
-        digits = [d for d, _ in parts]
-        exact = None not in digits
+        mags = [m for m, _, _ in parts]
+        numeric = None not in mags
+        exact = numeric and all(e for _, e, _ in parts)
         if isinstance(node, t["Add"]):
-            return (max(digits) + _log10(len(digits)) if exact else None), self._terms(sum(s for _, s in parts))
+            terms = self._terms(sum(s for _, _, s in parts))
+            return (max(mags) + _log10(len(mags)) if numeric else None), exact, terms
         if isinstance(node, t["Mul"]):
-            return (sum(digits) if exact else None), self._terms(math.prod(s for _, s in parts))
+            return (sum(mags) if numeric else None), exact, self._terms(math.prod(s for _, _, s in parts))
+        if not isinstance(node, t["Function"]) or isinstance(node, t["AppliedUndef"]):
+            return _SYMBOLIC  # relations, sets, integrals, limits, f(x): not numbers to evaluate here
+        if not numeric:
+            return _SYMBOLIC
         if isinstance(node, t["passthrough"]):
-            return (max(digits) if exact else None), 1.0
-        if exact and isinstance(node, t["factorial_like"]):
-            return _check_digits(_factorial_digits(_power_of_ten(max(digits))), "factorial-like value"), 1.0
-        if exact and isinstance(node, t["pochhammer"]) and len(digits) == 2:
-            n, k = (_power_of_ten(d) for d in digits)
-            return _check_digits(k * _log10(n + k), "rising/falling factorial"), 1.0
-        if exact and isinstance(node, t["binomial"]) and len(digits) == 2:
-            n, k = (_power_of_ten(d) for d in digits)
-            return _check_digits(min(n, k) * _log10(n), "binomial coefficient"), 1.0
-        if isinstance(node, t["Function"]):
-            widest = max((d for d in digits if d is not None), default=0.0)
-            if widest > PRECHECK_MAX_FLOAT_DIGITS:
-                raise _Costly(f"function of a {widest:.0f}-digit number (limit {PRECHECK_MAX_FLOAT_DIGITS})")
-        return None, 1.0  # functions, relations, sets, integrals, limits: opaque to multiplying out
+            return max(mags), exact, 1.0
+        if isinstance(node, t["factorial_like"]):
+            n = _power_of_ten(max(mags))
+            return self._number(n * _log10(n), exact, "factorial-like value"), exact, 1.0  # log10(n!) <= n log10 n
+        if isinstance(node, t["pochhammer"] + (t["binomial"],)) and len(mags) == 2:
+            n, k = (_power_of_ten(m) for m in mags)
+            if isinstance(node, t["binomial"]):
+                return self._number(min(n, k) * _log10(n), exact, "binomial coefficient"), exact, 1.0
+            return self._number(k * _log10(n + k), exact, "rising/falling factorial"), exact, 1.0
+        if max(mags) > PRECHECK_MAX_FLOAT_DIGITS:
+            raise _Costly(f"function of a number up to 10^{max(mags):.0f} (limit 10^{PRECHECK_MAX_FLOAT_DIGITS})")
+        if isinstance(node, t["exp_like"]):
+            return self._number(math.log10(math.e) * _power_of_ten(max(mags)), False, "exponential"), False, 1.0
+        if isinstance(node, t["log"]):
+            return _log10(max(mags)) + 1.0, False, 1.0
+        return 1.0, False, 1.0  # sin, cos, atan, ...: small values
+
+    @staticmethod
+    def _number(mag: float, exact: bool, what: str) -> float:
+        """Check the size of a computed number: digits when exact, digits of its exponent when floating."""
+        if exact and mag > PRECHECK_MAX_DIGITS:
+            shown = f"~{mag:.1e}" if mag < math.inf else "unboundedly many"
+            raise _Costly(f"{what} with {shown} digits (limit {PRECHECK_MAX_DIGITS})")
+        if not exact and mag > 10.0**PRECHECK_MAX_FLOAT_DIGITS:
+            raise _Costly(f"{what} with an exponent of over {PRECHECK_MAX_FLOAT_DIGITS} digits")
+        return mag
 
     @staticmethod
     def _terms(terms: float) -> float:
@@ -398,56 +442,57 @@ class _TreeCost:
             raise _Costly(f"expands to {shown} terms (limit {PRECHECK_MAX_EXPANSION_TERMS})")
         return terms
 
-    def _matrix(self, matrix: Any, depth: int, env: dict[Any, float]) -> tuple[float | None, float]:
+    def _matrix(self, matrix: Any, depth: int, env: dict[Any, float]) -> tuple[float | None, bool, float]:
         if matrix.rows * matrix.cols > PRECHECK_MAX_NODES:
             raise _Costly(f"matrix of {matrix.rows}x{matrix.cols} entries")
         parts = [self.visit(entry, depth + 1, env) for entry in matrix]
-        digits = [d for d, _ in parts]
-        if digits and None not in digits:
+        mags = [m for m, _, _ in parts]
+        if mags and None not in mags:
             # each product of two n x n matrices sums n products per entry: log10(n) more digits per factor
-            return max(digits) + _log10(max(matrix.rows, 2)), 1.0
+            return max(mags) + _log10(max(matrix.rows, 2)), all(e for _, e, _ in parts), 1.0
         # a symbolic matrix multiplied by itself grows like a sum of its entries raised to the power
-        return None, float(max(sum(s for _, s in parts), 1.0))
+        return None, False, float(max(sum(s for _, _, s in parts), 1.0))
 
-    def _pow(self, node: Any, depth: int, env: dict[Any, float]) -> tuple[float | None, float]:
-        exp_digits, _ = self.visit(node.exp, depth + 1, env)
-        negative = exp_digits is not None and node.exp.could_extract_minus_sign()
+    def _pow(self, node: Any, depth: int, env: dict[Any, float]) -> tuple[float | None, bool, float]:
+        exp_mag, exp_exact, _ = self.visit(node.exp, depth + 1, env)
+        negative = exp_mag is not None and node.exp.could_extract_minus_sign()
         self.fraction_depth += negative
         if self.fraction_depth > PRECHECK_MAX_FRACTION_NESTING:
             raise _Costly(f"fractions nested more than {PRECHECK_MAX_FRACTION_NESTING} deep")
-        base_digits, base_terms = self.visit(node.base, depth + 1, env)
+        base_mag, base_exact, base_terms = self.visit(node.base, depth + 1, env)
         self.fraction_depth -= negative
-        if exp_digits is None:
-            return None, 1.0  # symbolic or floating-point exponent: nothing is computed exactly
-        exponent = _power_of_ten(exp_digits)  # |exponent| <= 10**digits
+        if exp_mag is None:
+            return None, False, 1.0  # symbolic exponent: nothing is computed
+        exponent = _power_of_ten(exp_mag)  # |exponent| <= 10**mag
         terms = 1.0
-        if base_terms > 1 and (isinstance(node.exp, self.types["Integer"]) or exp_digits >= 1):
+        if base_terms > 1 and (isinstance(node.exp, self.types["Integer"]) or exp_mag >= 1):
             terms = self._terms(_power_of_ten(_log10_multinomial_terms(exponent, base_terms)))
-        if base_digits is None:
-            if exp_digits > PRECHECK_MAX_FLOAT_DIGITS:
-                raise _Costly(f"power with a {exp_digits:.0f}-digit exponent (limit {PRECHECK_MAX_FLOAT_DIGITS})")
-            return None, terms
-        if not isinstance(node.exp, self.types["Integer"]) and base_digits > PRECHECK_MAX_ROOT_DIGITS:
-            raise _Costly(f"root of a {base_digits:.0f}-digit number (limit {PRECHECK_MAX_ROOT_DIGITS})")
-        if base_digits == 0:
-            return 0.0, terms  # 0, 1 and -1 stay small whatever the exponent
-        return _check_digits(base_digits * exponent, "power"), terms
+        if base_mag is None:
+            if exp_mag > PRECHECK_MAX_FLOAT_DIGITS:
+                raise _Costly(f"power with a {exp_mag:.0f}-digit exponent (limit {PRECHECK_MAX_FLOAT_DIGITS})")
+            return None, False, terms
+        exact = base_exact and exp_exact
+        if exact and not isinstance(node.exp, self.types["Integer"]) and base_mag > PRECHECK_MAX_ROOT_DIGITS:
+            raise _Costly(f"root of a {base_mag:.0f}-digit number (limit {PRECHECK_MAX_ROOT_DIGITS})")
+        if base_mag == 0 and base_exact:
+            return 0.0, exact, terms  # 0, 1 and -1 stay small whatever the exponent
+        return self._number(base_mag * exponent, exact, "power"), exact, terms
 
-    def _series(self, node: Any, depth: int, env: dict[Any, float]) -> tuple[float | None, float]:
+    def _series(self, node: Any, depth: int, env: dict[Any, float]) -> tuple[float | None, bool, float]:
         inner = dict(env)
         count: float = 1
         infinite = False
         for limit in node.limits:
             var, bounds = limit[0], limit[1:]
             infinite |= any(isinstance(bound, self.types["infinities"]) for bound in bounds)
-            bound_digits = [self.visit(bound, depth + 1, env)[0] for bound in bounds]
-            if len(bounds) == 2 and None not in bound_digits:
+            bound_mags = [self.visit(bound, depth + 1, env) for bound in bounds]
+            if len(bounds) == 2 and all(m is not None and e for m, e, _ in bound_mags):
                 low, high = bounds
                 if isinstance(low, self.types["Integer"]) and isinstance(high, self.types["Integer"]):
                     count *= max(int(high) - int(low) + 1, 0)
                 else:
-                    count *= _power_of_ten(bound_digits[0]) + _power_of_ten(bound_digits[1]) + 1
-                inner[var] = max(bound_digits)
+                    count *= _power_of_ten(bound_mags[0][0]) + _power_of_ten(bound_mags[1][0]) + 1
+                inner[var] = max(bound_mags[0][0], bound_mags[1][0])
             else:
                 count = math.inf  # symbolic or infinite range: summed in closed form or not at all
                 inner.pop(var, None)
@@ -457,7 +502,7 @@ class _TreeCost:
         if infinite and any(_applies_function_to(node.function, var, self.types) for var in variables):
             # evalf sums such series numerically, with acceleration that can run for minutes (sin(k)/k^2)
             raise _Costly(f"infinite {kind} of a function of its index")
-        digits, _ = self.visit(node.function, depth + 1, inner)
+        mag, exact, _ = self.visit(node.function, depth + 1, inner)
         if count < math.inf:
             cost = count
             if count > PRECHECK_MAX_SERIES_TERMS and is_sum:
@@ -468,26 +513,11 @@ class _TreeCost:
             if self.series_terms > PRECHECK_MAX_SERIES_TERMS:
                 shown = f"~{count:.0e} terms" if cost == count else "a closed form"
                 raise _Costly(f"{kind} of {shown}: over {PRECHECK_MAX_SERIES_TERMS} terms of sums and products in all")
-        if digits is None or count == math.inf:
-            return None, 1.0
+        if mag is None or count == math.inf:
+            return _SYMBOLIC
         if not is_sum:
-            return _check_digits(digits * count, "product"), 1.0
-        return digits + _log10(count), 1.0
-
-
-def _digits(value: int) -> float:
-    return math.log10(abs(value)) if value else 0.0  # exact for ints of any size
-
-
-def _factorial_digits(n: float) -> float:
-    return n * _log10(n)  # log10(n!) <= n log10(n)
-
-
-def _check_digits(digits: float, what: str) -> float:
-    if digits > PRECHECK_MAX_DIGITS:
-        shown = f"~{digits:.1e}" if digits < math.inf else "unboundedly many"
-        raise _Costly(f"{what} with {shown} digits (limit {PRECHECK_MAX_DIGITS})")
-    return digits
+            return self._number(mag * count, exact, "product"), exact, 1.0
+        return mag + _log10(count), exact, 1.0
 
 
 def precheck_tree(expr: Any) -> str | None:
