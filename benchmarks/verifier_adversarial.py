@@ -70,6 +70,7 @@ def adversarial_cases() -> dict[str, tuple[str, str]]:
         "sum of factorials": (_boxed("\\sum_{k=1}^{1000000} k!"), "2"),
         "product of 10^12 terms": (_boxed("\\prod_{k=1}^{10^{12}} \\frac{k+1}{k}"), "2"),
         "multiplied-out power of a sum": (_boxed("(x+y+z+1)^{200}"), symbolic),
+        "power of a sum of sines": (_boxed("(\\sin x+\\cos x)^{200}"), symbolic),
         "product of 300 linear factors": (_boxed("".join(f"(x+{k})" for k in range(300))), symbolic),
         "root of a 30,000-digit number": (_boxed("\\sqrt{2^{100000}+1}"), "2"),
         "sine of a million-digit number": (_boxed("\\sin(10^{10^{6}})"), "0"),

@@ -179,6 +179,8 @@ PRECHECK_MAX_FLOAT_DIGITS = 300  # digits of an exact number that a function (si
 PRECHECK_MAX_FRACTION_NESTING = 6  # fractions inside denominators (continued fractions): simplify is exponential
 PRECHECK_MAX_SERIES_TERMS = 100  # terms of all sums and products over numeric ranges, summed: term by term
 PRECHECK_MAX_EXPANSION_TERMS = 300  # terms of the expression once powers and products of sums are multiplied out
+PRECHECK_MAX_FUNCTION_EXPANSION_TERMS = 30  # the same where the terms hold sin, exp, ...: simplify then rewrites
+#                                             each term ((sin x + cos x)^50: 2-3 s; polynomials ~1 ms a term)
 PRECHECK_CLOSED_FORM_DEGREE = 3  # a sum over a huge range of a polynomial of at most this degree is allowed:
 #                                  sympy sums it in closed form (its cost grows with the degree, not the range)
 _CLOSED_FORM_SERIES_COST = 25  # what one such closed-form sum counts against PRECHECK_MAX_SERIES_TERMS
@@ -360,6 +362,7 @@ class _TreeCost:
     def __init__(self) -> None:
         self.types = _sympy_types()
         self.nodes = 0
+        self.functions = 0  # function nodes seen so far: a subtree holds one if the count grew while visiting it
         self.series_terms = 0.0
         self.fraction_depth = 0
 
@@ -394,17 +397,21 @@ class _TreeCost:
             return self._pow(node, depth, env)
         if isinstance(node, (t["Sum"], t["Product"])):
             return self._series(node, depth, env)
+        functions_before = self.functions
         parts = [self.visit(arg, depth + 1, env) for arg in node.args]
         mags = [m for m, _, _ in parts]
         numeric = None not in mags
         exact = numeric and all(e for _, e, _ in parts)
+        with_functions = self.functions > functions_before
         if isinstance(node, t["Add"]):
-            terms = self._terms(sum(s for _, _, s in parts))
+            terms = self._terms(sum(s for _, _, s in parts), with_functions)
             return (max(mags) + _log10(len(mags)) if numeric else None), exact, terms
         if isinstance(node, t["Mul"]):
-            return (sum(mags) if numeric else None), exact, self._terms(math.prod(s for _, _, s in parts))
+            terms = self._terms(math.prod(s for _, _, s in parts), with_functions)
+            return (sum(mags) if numeric else None), exact, terms
         if not isinstance(node, t["Function"]) or isinstance(node, t["AppliedUndef"]):
             return _SYMBOLIC  # relations, sets, integrals, limits, f(x): not numbers to evaluate here
+        self.functions += 1
         if not numeric:
             return _SYMBOLIC
         if isinstance(node, t["passthrough"]):
@@ -436,10 +443,12 @@ class _TreeCost:
         return mag
 
     @staticmethod
-    def _terms(terms: float) -> float:
-        if terms > PRECHECK_MAX_EXPANSION_TERMS:
+    def _terms(terms: float, with_functions: bool) -> float:
+        limit = PRECHECK_MAX_FUNCTION_EXPANSION_TERMS if with_functions else PRECHECK_MAX_EXPANSION_TERMS
+        if terms > limit:
             shown = f"~{terms:.1e}" if terms < math.inf else "unboundedly many"
-            raise _Costly(f"expands to {shown} terms (limit {PRECHECK_MAX_EXPANSION_TERMS})")
+            kind = " of functions" if with_functions else ""
+            raise _Costly(f"expands to {shown} terms{kind} (limit {limit})")
         return terms
 
     def _matrix(self, matrix: Any, depth: int, env: dict[Any, float]) -> tuple[float | None, bool, float]:
@@ -459,6 +468,7 @@ class _TreeCost:
         self.fraction_depth += negative
         if self.fraction_depth > PRECHECK_MAX_FRACTION_NESTING:
             raise _Costly(f"fractions nested more than {PRECHECK_MAX_FRACTION_NESTING} deep")
+        functions_before = self.functions
         base_mag, base_exact, base_terms = self.visit(node.base, depth + 1, env)
         self.fraction_depth -= negative
         if exp_mag is None:
@@ -466,7 +476,8 @@ class _TreeCost:
         exponent = _power_of_ten(exp_mag)  # |exponent| <= 10**mag
         terms = 1.0
         if base_terms > 1 and (isinstance(node.exp, self.types["Integer"]) or exp_mag >= 1):
-            terms = self._terms(_power_of_ten(_log10_multinomial_terms(exponent, base_terms)))
+            terms = _power_of_ten(_log10_multinomial_terms(exponent, base_terms))
+            terms = self._terms(terms, self.functions > functions_before)
         if base_mag is None:
             if exp_mag > PRECHECK_MAX_FLOAT_DIGITS:
                 raise _Costly(f"power with a {exp_mag:.0f}-digit exponent (limit {PRECHECK_MAX_FLOAT_DIGITS})")

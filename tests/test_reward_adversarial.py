@@ -136,6 +136,7 @@ def test_candidate_check_passes(latex):
         ("\\sum_{k=1}^{\\infty} \\frac{\\sin k}{k^{2}}", "infinite sum of a function of its index"),
         ("(x+y+z+1)^{12}", "expands to ~4.5e+02 terms"),
         ("(x+1)^{20}(y+1)^{20}", "expands to"),
+        ("(\\sin x+\\cos x)^{31}", "expands to ~3.2e+01 terms of functions (limit 30)"),
         ("\\sqrt{" + "7" * 600 + "}", "root of a 600-digit number"),
         ("\\sin(10^{400})", "function of a number up to 10^400"),
         ("e^{10^{400}}", "function of a number up to 10^400"),
@@ -158,7 +159,7 @@ def test_tree_check_rejects(latex, reason):
      "\\sum_{k=1}^{\\infty} \\frac{1}{k^{2}}", "\\sum_{k=0}^{\\infty} \\frac{x^{k}}{k!}", "(x+1)^{10}",
      "(1+\\sqrt{2})^{100}", "\\sqrt[3]{2}", "\\sqrt{2^{100}}", "\\sin(2023)", "e^{-\\frac{x^{2}}{2}}",
      "x^{1000000}", "1.5^{10^{10}}", "\\frac{1}{1+\\frac{1}{1+\\frac{1}{2}}}", "2^{330000}", "e^{e^{e^{2}}}", "\\Gamma(1.5 \\times 10^{10})",
-     "\\pi^{\\pi^{\\pi}}", "0.5^{100}", "3.2 \\times 10^{-19}", "\\log_{2}(10^{299})", "\\cosh(100)",
+     "\\pi^{\\pi^{\\pi}}", "0.5^{100}", "(\\sin x+\\cos x)^{2}(\\sin x-\\cos x)^{2}", "3.2 \\times 10^{-19}", "\\log_{2}(10^{299})", "\\cosh(100)",
      "\\begin{pmatrix}1&1\\\\1&0\\end{pmatrix}^{100}", "\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}",
      "(-\\infty, 0] \\cup (3, \\infty)", "\\int_0^1 x^{2} \\, dx", "x^{2}+2x+1 = 0"],
 )
