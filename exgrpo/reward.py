@@ -799,7 +799,9 @@ class VerifierPool:
             if not worker.ready:
                 line = worker.read_line(time.monotonic() + queue_timeout_s)
                 if line is None:
-                    return _result(error="verifier worker failed to start"), False
+                    # exited while starting (killed from outside, or it cannot start at all): one retry on a
+                    # fresh worker tells the two apart, as for a worker found dead below
+                    return _result(error="verifier worker failed to start"), worker.proc.poll() is not None
                 worker.ready = True
             if worker.proc.poll() is not None:
                 return _result(error="verifier worker died"), True

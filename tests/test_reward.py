@@ -311,6 +311,20 @@ def test_worker_pipes_above_descriptor_1024():
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def test_worker_killed_while_starting_is_replaced_transparently():
+    pool = reward.VerifierPool(1)
+    try:
+        worker = reward._Worker()
+        os.kill(worker.proc.pid, signal.SIGKILL)
+        worker.proc.wait(timeout=10)
+        with pool._cond:  # an idle worker that never reported ready: killed before math-verify was imported
+            pool._idle.append(worker)
+            pool._alive = 1
+        assert pool.grade("1", "\\boxed{1}", timeout_s=30, queue_timeout_s=60)["score"] == 1.0
+    finally:
+        pool.close()
+
+
 def test_worker_that_cannot_start_gives_a_zero_not_a_hang(monkeypatch):
     # a worker that exits before reporting ready (say math-verify is missing in the worker's environment)
     monkeypatch.setattr(reward, "_WORKER_BOOT", "import sys; sys.exit(3)")
