@@ -239,12 +239,13 @@ def ordinary_answers() -> list[tuple[str, str]]:
             for k in range(1, 21)]
 
 
-def measure_overhead(calls: int = 600, rounds: int = 7) -> dict[str, Any]:
+def measure_overhead(calls: int = 600, rounds: int = 9) -> dict[str, Any]:
     """Pre-check cost per call on ordinary answers, end to end (precheck on vs off) and per part.
 
-    End to end: the same answers through compute_score, alternating on/off blocks, median over rounds. Parts:
-    the parent's text check on the answer section, and the worker's candidate and tree checks on the boxed
-    content (timed in this process on the same strings and parsed expressions).
+    End to end: the answers of ``python exgrpo/reward.py`` (pool overhead benchmark) through compute_score,
+    alternating off/on blocks, medians over rounds. Parts, timed in this process: the parent's text check on the
+    answer sections of the realistic responses and on their ~20 kB whole responses (no ``</think>``), and the
+    worker's candidate and tree checks on every benchmark ground truth (the hand-written answers without them).
     """
     import logging
 
@@ -268,24 +269,32 @@ def measure_overhead(calls: int = 600, rounds: int = 7) -> dict[str, Any]:
     for _ in range(rounds):
         off.append(block(False))
         on.append(block(True))
-    answers = [reward.answer_section(response) for response, _ in cases]
-    candidates = [f"\\frac{{{2 * k}}}{{2}}" for k in range(1, 21)]
-    trees = [latex2sympy(c, normalization_config=None) for c in candidates]
+    golds = [gold for _, gold in benchmark_golds()] or [gold for _, gold, _ in legitimate_cases()]
+    responses = [response for _, response, _ in realistic_responses([("math", gold) for gold in golds])]
+    short = [reward.answer_section(r) for r in responses if "</think>" in r]
+    long = [r for r in responses if "</think>" not in r]
+    candidates = [gold.strip().strip("$") for gold in golds]
+    trees = []
+    for candidate in candidates:
+        try:
+            trees.append(latex2sympy(candidate))
+        except Exception:  # noqa: BLE001 - a ground truth latex2sympy cannot convert has no tree to check
+            pass
 
-    def per_call(fn: Any, items: list) -> float:
-        repeats = 200
+    def per_call_us(fn: Any, items: list, repeats: int = 5) -> float:
         start = time.perf_counter()
         for _ in range(repeats):
             for item in items:
                 fn(item)
-        return (time.perf_counter() - start) / (repeats * len(items))
+        return 1e6 * (time.perf_counter() - start) / (repeats * len(items))
 
-    return {"grade_precheck_on_ms": 1e3 * statistics.median(on), "grade_precheck_off_ms": 1e3 * statistics.median(off),
-            "difference_ms": 1e3 * (statistics.median(on) - statistics.median(off)),
-            "text_check_us": 1e6 * per_call(reward.precheck_text, answers),
-            "candidate_check_us": 1e6 * per_call(reward.precheck_candidate, candidates),
-            "tree_check_us": 1e6 * per_call(reward.precheck_tree, trees),
-            "text_check_27kB_us": 1e6 * per_call(reward.precheck_text, [answers[0] * 14])}
+    return {"grade_precheck_off_ms": 1e3 * statistics.median(off), "grade_precheck_on_ms": 1e3 * statistics.median(on),
+            "difference_ms": 1e3 * statistics.median(b - a for a, b in zip(off, on, strict=True)),
+            "text_check_us": per_call_us(reward.precheck_text, short), "answer_sections": len(short),
+            "text_check_long_us": per_call_us(reward.precheck_text, long), "long_responses": len(long),
+            "long_response_kB": statistics.mean(len(r) for r in long) / 1e3 if long else 0,
+            "candidate_check_us": per_call_us(reward.precheck_candidate, candidates), "candidates": len(candidates),
+            "tree_check_us": per_call_us(reward.precheck_tree, trees), "trees": len(trees)}
 
 
 def measure_legit(limit: int | None = None) -> dict[str, Any]:
