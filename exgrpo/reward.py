@@ -14,7 +14,7 @@ This file is deliberately self-contained (standard library only at import time):
 (``reward.custom_reward_function.path``), outside the ``exgrpo`` package, and the workers load it the same way.
 
 Knobs (keyword arguments, e.g. verl's ``reward.custom_reward_function.reward_kwargs``, or environment variables):
-``timeout_s`` / ``EXGRPO_REWARD_TIMEOUT_S`` (limit on one verification, default 20 s),
+``timeout_s`` / ``EXGRPO_REWARD_TIMEOUT_S`` (limit on one verification, default 30 s),
 ``queue_timeout_s`` / ``EXGRPO_REWARD_QUEUE_TIMEOUT_S`` (limit on waiting for a free or starting worker,
 default 120 s), ``think_end_tag`` (default ``</think>``; ``None`` or ``""`` scores the whole response),
 ``strict_format`` (default False: a response without the tag scores 0 instead of being scored whole),
@@ -51,10 +51,11 @@ def _env_number(name: str, default: float, cast: type = float) -> Any:
         raise ValueError(f"environment variable {name}={raw!r} is not a valid {cast.__name__}") from exc
 
 
-# About twice the slowest legitimate grade measured (9.1 s on an idle core: a correct ODE answer written scaled
-# by 2, which math-verify compares by solving both equations; benchmarks/README.md), so a busy machine does not
-# turn slow correct answers into zeros. Pathological answers no longer wait for it: the pre-check rejects them.
-DEFAULT_TIMEOUT_S = _env_number("EXGRPO_REWARD_TIMEOUT_S", 20.0)
+# The slowest legitimate grade measured is a correct Minerva ODE answer written scaled by 2, which math-verify
+# compares by solving both equations: 9.1 s on an idle core, 13.7 s (median of 5) at load 3 on the 2-core box
+# (benchmarks/README.md). 30 s keeps twice that margin, so a busy machine does not turn slow correct answers into
+# zeros (10 s did). Pathological answers no longer wait for it: the pre-check rejects them in milliseconds.
+DEFAULT_TIMEOUT_S = _env_number("EXGRPO_REWARD_TIMEOUT_S", 30.0)
 DEFAULT_QUEUE_TIMEOUT_S = _env_number("EXGRPO_REWARD_QUEUE_TIMEOUT_S", 120.0)
 DEFAULT_WORKERS = _env_number("EXGRPO_REWARD_WORKERS", min(8, os.cpu_count() or 1), int)
 DEFAULT_WORKER_MEM_MB = _env_number("EXGRPO_REWARD_MEM_MB", 4096, int)
