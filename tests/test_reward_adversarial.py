@@ -177,6 +177,14 @@ def test_tree_check_bounds_size_and_depth_of_any_expression():
     assert precheck_tree(["a string fallback", sympy.Integer(3)]) is None
 
 
+def test_tree_check_that_fails_lets_the_answer_through(monkeypatch):
+    def broken(self, node, depth, env):
+        raise ValueError("a sympy object the walk does not expect")
+
+    monkeypatch.setattr(reward._TreeCost, "visit", broken)
+    assert precheck_tree(tree("2^{10}")) is None
+
+
 # ----------------------------------------------------------------------------------------------- the hook
 def test_hook_checks_only_while_on_and_installs_once():
     calls = []
