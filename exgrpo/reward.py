@@ -175,8 +175,8 @@ PRECHECK_MAX_NODES = 5000  # nodes of the parsed expression
 PRECHECK_MAX_DEPTH = 100  # depth of the parsed expression (a^b^c^... chains need no brackets)
 PRECHECK_MAX_DIGITS = 100_000  # digits of an exact integer or rational that evaluation would compute
 PRECHECK_MAX_ROOT_DIGITS = 500  # digits of an exact number under a root: sympy factors it to simplify the root
-PRECHECK_MAX_FLOAT_DIGITS = 300  # digits of an exact number that a function (sin, exp, log, ...) or a power of a
-#                                  constant takes: numeric evaluation needs about that many digits of precision
+PRECHECK_MAX_FLOAT_DIGITS = 300  # arguments of sin, exp, log, ... and exponents of pi, x, 1.5 stay below 10^300,
+#                                  floating-point values below 10^(10^300): evaluation needs that many digits
 PRECHECK_MAX_FRACTION_NESTING = 6  # fractions inside denominators (continued fractions): simplify is exponential
 PRECHECK_MAX_SERIES_TERMS = 100  # terms of all sums and products over numeric ranges, summed: term by term
 PRECHECK_MAX_EXPANSION_TERMS = 300  # terms of the expression once powers and products of sums are multiplied out
