@@ -142,22 +142,23 @@ def report(results: list[dict], plots: Path | None) -> str:
                   f"Equal fresh data: {fresh} fresh questions (the fewest any run used). Target: "
                   + (f"{target:.3f} (start + 75 % of GRPO's mean gain)." if target else "- (GRPO did not gain)."),
                   "",
-                  "| arm | seeds | final acc, equal steps (95 % CI) | acc at equal fresh data | "
-                  "ExGRPO arm - GRPO, paired (95 % CI) | steps to target | fresh q. to target | reached | "
+                  "| arm | seeds | final acc, equal steps (95 % CI) | - GRPO, paired | acc at equal fresh data | "
+                  "- GRPO, paired | steps to target | fresh q. to target | reached | "
                   "fresh q. used | replay share | retired | level 1 / 2 / 3 final | wall s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         grpo_by_seed = {x["seed"]: x for x in grpo}
         for arm in arms:
             xs = by_arm[arm]
             final = [at(x["curve"], "step", steps)["acc"] for x in xs]
             equal_fresh = [at(x["curve"], "fresh", fresh)["acc"] for x in xs]
-            paired = [at(x["curve"], "step", steps)["acc"] - at(grpo_by_seed[x["seed"]]["curve"], "step", steps)["acc"]
-                      for x in xs if x["seed"] in grpo_by_seed] if arm != "grpo" else []
+            paired, paired_fresh = ([at(x["curve"], key, v)["acc"] - at(grpo_by_seed[x["seed"]]["curve"], key, v)["acc"]
+                                     for x in xs if x["seed"] in grpo_by_seed] if arm != "grpo" else []
+                                    for key, v in (("step", steps), ("fresh", fresh)))
             to_steps = [s for x in xs if target and (s := first_reaching(x["curve"], target, "step")) is not None]
             to_fresh = [s for x in xs if target and (s := first_reaching(x["curve"], target, "fresh")) is not None]
             levels = sorted({k for x in xs for k in x["curve"][-1]["levels"]})
             per_level = " / ".join(f"{statistics.mean(x['curve'][-1]['levels'][k] for x in xs):.2f}" for k in levels)
-            cells = [arm, str(len(xs)), fmt(final), fmt(equal_fresh), fmt(paired) if paired else "-",
+            cells = [arm, str(len(xs)), fmt(final), fmt(paired), fmt(equal_fresh), fmt(paired_fresh),
                      f"{statistics.mean(to_steps):.0f}" if to_steps else "-",
                      f"{statistics.mean(to_fresh):.0f}" if to_fresh else "-", f"{len(to_steps)}/{len(xs)}",
                      f"{statistics.mean(x['summary']['fresh_questions'] for x in xs):.0f}",
