@@ -44,6 +44,12 @@ exgrpo_abspath() {
   python3 -c 'import os, sys; print(os.path.abspath(sys.argv[1]))' "$1"
 }
 
+# exgrpo_ckpt_dir NAME: where a run of the script NAME checkpoints (CKPT_DIR, or checkpoints/PROJECT/EXPERIMENT in
+# the caller's directory), absolute.
+exgrpo_ckpt_dir() {
+  exgrpo_abspath "${CKPT_DIR:-checkpoints/${PROJECT_NAME:-exgrpo}/${EXPERIMENT_NAME:-$1}}"
+}
+
 # exgrpo_check_context MIN_TOKENS: the model must accept prompt + response tokens.
 exgrpo_check_context() {
   local need="$1" cfg="$MODEL_PATH/config.json"
@@ -164,7 +170,7 @@ exgrpo_launch() {
 
   local project="${PROJECT_NAME:-exgrpo}" experiment="${EXPERIMENT_NAME:-$name}"
   local ckpt_dir
-  ckpt_dir="$(exgrpo_abspath "${CKPT_DIR:-checkpoints/$project/$experiment}")"
+  ckpt_dir="$(exgrpo_ckpt_dir "$name")"
   # Ray workers import recipe.exgrpo: put the repository in front of whatever PYTHONPATH the user has (a verl
   # source checkout, a container's paths), never in place of it.
   local pythonpath="$EXGRPO_REPO${PYTHONPATH:+:$PYTHONPATH}"

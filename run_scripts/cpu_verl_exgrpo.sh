@@ -26,7 +26,7 @@ export EXPERIMENT_NAME="${EXPERIMENT_NAME:-cpu_verl_exgrpo}" LOGGER="${LOGGER:-[
 export EXGRPO_DEVICE=cpu
 
 source "$here/_launch.sh"
-ckpt="$(exgrpo_abspath "${CKPT_DIR:-checkpoints/${PROJECT_NAME:-exgrpo}/$EXPERIMENT_NAME}")"
+ckpt="$(exgrpo_ckpt_dir cpu_verl_exgrpo)"
 mkdir -p "$ckpt"
 export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$ckpt/metrics_$(date +%Y%m%d-%H%M%S).jsonl}"
 echo "[cpu_verl] metrics: $VERL_FILE_LOGGER_PATH" >&2
