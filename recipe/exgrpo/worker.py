@@ -50,7 +50,10 @@ def install_grad_norm_guard(engine: Any, bound: float) -> Callable[[], None]:
     verl's engine clips, then steps unless the norm is non-finite, inside one ``optimizer_step``. The guard holds
     the optimizer's ``step`` back while that runs, then takes it (norm within bound) or drops the gradients, and
     reports each training batch's outcome as ``exgrpo/update_skipped`` (1 = skipped) next to verl's grad_norm.
-    Returns a function that removes the guard.
+    The outcome is a one-element list, the form verl gives every per-micro-batch metric: the worker gathers it
+    over ranks and mini-batches and the trainer averages it, so a step's value is the share of its optimizer steps
+    that were skipped (a bare float breaks verl's flattening of the gathered lists). Returns a function that
+    removes the guard.
     """
     optimizer = engine.optimizer
     step_owned = "step" in vars(optimizer)  # a scheduler may have wrapped step on the instance
@@ -83,7 +86,7 @@ def install_grad_norm_guard(engine: Any, bound: float) -> Callable[[], None]:
         skipped["last"] = False
         outputs = engine_train(*args, **kwargs)
         if outputs is not None and isinstance(outputs.get("metrics"), dict):
-            outputs["metrics"][SKIPPED_UPDATE_METRIC] = float(skipped["last"])
+            outputs["metrics"][SKIPPED_UPDATE_METRIC] = [float(skipped["last"])]
         return outputs
 
     engine.optimizer_step, engine.train_batch = optimizer_step, train_batch

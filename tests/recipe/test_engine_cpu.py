@@ -347,31 +347,52 @@ def test_paper_loss_scale_and_entropy_equal_the_authors_formula_on_two_micro_bat
     assert abs(default - authors) > 1e-4
 
 
-def test_grad_norm_guard_skips_steps_above_the_bound_and_reports_them(actor_worker):
+def test_grad_norm_guard_skips_steps_above_the_bound_and_reports_them_through_verls_update_path(actor_worker):
+    """Through TrainingWorker.train_mini_batch (what update_actor runs): verl gathers each metric over ranks and
+    flattens it over mini-batches, then the trainer reduces it. The guard's outcome survives that path as the share
+    of the step's optimizer steps that were skipped."""
+    from verl.utils.metric import reduce_metrics
     from verl.utils import tensordict_utils as tu
+    from verl.utils.py_functional import rename_dict
 
     from recipe.exgrpo.worker import SKIPPED_UPDATE_METRIC, install_grad_norm_guard
 
     engine = actor_worker.actor.engine
     calls = []
     vars(engine.optimizer)["step"] = lambda *a, **k: calls.append(1)  # counts steps, changes no weight
-    try:
+
+    def update(bound):
         td = training_batch([0, 1, 0, 1])
         tu.assign_non_tensor(
-            td, temperature=1.0, use_dynamic_bsz=False, micro_batch_size_per_gpu=2, use_remove_padding=False,
-            use_fused_kernels=False, global_batch_size=len(td), calculate_entropy=False,
+            td, temperature=1.0, use_dynamic_bsz=False, micro_batch_size_per_gpu=1, use_remove_padding=False,
+            use_fused_kernels=False, global_batch_size=2, calculate_entropy=False, mini_batch_size=2, epochs=1,
+            seed=0, dataloader_kwargs={"shuffle": False},
         )
-        results = {}
-        for bound in (1e-12, 1e12):
-            remove = install_grad_norm_guard(engine, bound)
-            try:
-                with engine.train_mode(disable_auto_offload=True):
-                    out = engine.train_batch(td.clone(), loss_function=actor_worker.loss_fn)
-            finally:
-                remove()
-            results[bound] = (len(calls), out["metrics"][SKIPPED_UPDATE_METRIC], out["metrics"]["grad_norm"])
-        assert results[1e-12][:2] == (0, 1.0) and results[1e12][:2] == (1, 0.0)
-        assert results[1e-12][2] == pytest.approx(results[1e12][2]) and results[1e12][2] > 1e-12
+        remove = install_grad_norm_guard(engine, bound)
+        try:
+            output = actor_worker.actor.train_mini_batch(td)  # two mini-batches of two rows, one optimizer step each
+        finally:
+            remove()
+        raw = tu.get(output, "metrics")
+        return raw, reduce_metrics(rename_dict(raw, "actor/"))
+
+    try:
+        before = len(calls)
+        raw, reduced = update(1e12)
+        grad_norms = raw["grad_norm"]
+        assert len(grad_norms) == 2 and grad_norms[0] != pytest.approx(grad_norms[1])
+        assert raw[SKIPPED_UPDATE_METRIC] == [0.0, 0.0] and reduced["actor/" + SKIPPED_UPDATE_METRIC] == 0.0
+        assert len(calls) - before == 2
+        before = len(calls)
+        raw, reduced = update(1e-12)
+        assert raw[SKIPPED_UPDATE_METRIC] == [1.0, 1.0] and reduced["actor/" + SKIPPED_UPDATE_METRIC] == 1.0
+        assert len(calls) == before
+        # A bound between the two mini-batches' norms skips exactly the larger one: half of the step's updates.
+        before = len(calls)
+        raw, reduced = update(sum(grad_norms) / 2)
+        assert raw["grad_norm"] == pytest.approx(grad_norms)
+        assert raw[SKIPPED_UPDATE_METRIC] == [float(n > sum(grad_norms) / 2) for n in grad_norms]
+        assert reduced["actor/" + SKIPPED_UPDATE_METRIC] == 0.5 and len(calls) - before == 1
         assert "optimizer_step" not in vars(engine) and "train_batch" not in vars(engine)
     finally:
         vars(engine.optimizer).pop("step", None)
