@@ -49,7 +49,8 @@ class ExGRPOConfig:
     start_acc: float = field(
         default=0.35,
         metadata={"help": "Delayed start: collection and replay begin (and stay on) once one step's fresh "
-                  "rollout accuracy exceeds this value, in [0, 1]."},
+                  "rollout accuracy exceeds this value, in [0, 1]. Continuous rewards: the step's mean fresh reward "
+                  "normalised to [0, 1] by [reward_min, reward_max] (partial credit counts)."},
     )
     select: str = field(
         default="entropy",

@@ -3,7 +3,8 @@
 After each step, every question's *fresh* rollouts are summarised by their accuracy. Partly solved questions
 keep their correct trajectories (token ids exactly as generated and the behaviour policy's per-token
 log-probs), fully solved ones retire for good (after ``retire_after`` fully solved groups in a row), and every held question sits in the bucket of its latest
-accuracy, from which :func:`exgrpo.sampling` draws replay questions. Memory is bounded per question and,
+accuracy (continuous rewards: of its latest group's reward spread), from which :func:`exgrpo.sampling` draws
+replay questions; each stored success keeps the reward its group gave it. Memory is bounded per question and,
 optionally, globally (least recently updated questions go first).
 
 Every operation costs O(work it is given), never O(pool size): questions live in an ordered dict (recency
@@ -63,16 +64,29 @@ class Trajectory:
     token_ids: np.ndarray  # int32, read-only view
     log_probs: np.ndarray  # float32, read-only view, same length
     step: int  # training step that generated it
+    # The reward its fresh group gave it: 1 for binary rewards, anything above its group's mean for continuous
+    # ones. NaN for a trajectory read from a file saved before rewards were kept.
+    reward: float = float("nan")
+
+
+def bucket_metric_prefix(reward_type: str) -> str:
+    """Metric-name prefix of the per-bucket question counts: the name says which difficulty proxy the key is.
+
+    Binary rewards bucket by accuracy (``pool/bucket_0.375``), continuous ones by the group's normalised reward
+    spread (``pool/spread_bucket_0.375``): the same number means a different thing, so it gets a different name.
+    """
+    return "pool/bucket_" if reward_type == "binary" else "pool/spread_bucket_"
 
 
 class _Stored:
-    """A trajectory packed as one bytes blob (int32 ids then float32 log-probs): ~8 bytes/token + ~90."""
+    """A trajectory packed as one bytes blob (int32 ids then float32 log-probs): ~8 bytes/token + ~120."""
 
-    __slots__ = ("blob", "step")
+    __slots__ = ("blob", "step", "reward")
 
-    def __init__(self, blob: bytes, step: int) -> None:
+    def __init__(self, blob: bytes, step: int, reward: float = float("nan")) -> None:
         self.blob = blob
         self.step = step
+        self.reward = reward
 
     @property
     def length(self) -> int:
@@ -85,7 +99,7 @@ class _Stored:
         n = self.length
         ids = np.frombuffer(self.blob, dtype=_INT32, count=n)
         logp = np.frombuffer(self.blob, dtype=_FLOAT32, count=n, offset=4 * n)
-        return Trajectory(token_ids=ids, log_probs=logp, step=self.step)
+        return Trajectory(token_ids=ids, log_probs=logp, step=self.step, reward=self.reward)
 
 
 class _Question:
@@ -177,8 +191,10 @@ class ExperiencePool:
 
         Returns what happened: ``"stored"`` (partly solved: successes kept, bucket updated), ``"retired"``
         (all solved, ``retire_after`` times in a row), ``"solved"`` (all solved, but fewer times in a row than
-        ``retire_after``: successes kept, held in the top bucket), ``"unsolved"`` (none solved: a held question moves to the lowest bucket), or
-        ``"ignored"`` (already retired, or a continuous group with zero spread below the maximum).
+        ``retire_after``: successes kept; binary: held in the top bucket, continuous: in the zero-spread bucket),
+        ``"unsolved"`` (none solved: a held question moves to the lowest bucket), or ``"ignored"`` (already retired,
+        or a continuous group with zero spread below the maximum: nothing stored, a held question moves to the
+        zero-spread bucket).
         """
         qid = str(qid)
         n = _group_size(qid, rewards, responses, log_probs)
@@ -202,11 +218,16 @@ class ExperiencePool:
             if spread < 1e-9:
                 if float(scores.mean()) >= hi - 1e-9 and self._count_solved(qid):
                     return self._retire(qid)
+                # Zero spread is the bucket either way: the latest group held no learning signal, and mu = 1 puts
+                # that bucket furthest from the sampler's favourite (as accuracy 0 and 1 are for binary rewards).
                 if float(scores.mean()) < hi - 1e-9:
                     self._solved_streak.pop(qid, None)
+                    held = self._questions.get(qid)
+                    if held is not None:
+                        self._move(qid, held, 0.0, float(np.mean(scores)), step)
                     return "ignored"
                 successes = np.ones(n, dtype=bool)  # solved, not yet retire_after times: keep them all
-                k, accuracy, bucket = n, float(np.mean(scores)), 1.0
+                k, accuracy, bucket = n, float(np.mean(scores)), 0.0
             else:
                 successes = scores > scores.mean()
                 k = int(successes.sum())
@@ -222,7 +243,8 @@ class ExperiencePool:
             if held is not None:
                 self._move(qid, held, bucket, accuracy, step)
             return "unsolved"
-        new = [self._pack(qid, i, responses[i], log_probs[i], step) for i in np.flatnonzero(successes)]
+        new = [self._pack(qid, i, responses[i], log_probs[i], step, float(scores[i]))
+               for i in np.flatnonzero(successes)]
         held = self._questions.get(qid)
         if held is None:
             held = _Question(bucket, accuracy, step)
@@ -303,7 +325,8 @@ class ExperiencePool:
             log_probs = [log_probs[i] for i in keep]
         return Collected(self.update(qid, rewards, responses, log_probs, step), dropped_trajectories=dropped)
 
-    def _pack(self, qid: str, row: int, response: Sequence[int], logp: Sequence[float], step: int) -> _Stored:
+    def _pack(self, qid: str, row: int, response: Sequence[int], logp: Sequence[float], step: int,
+              reward: float) -> _Stored:
         ids = np.asarray(response)
         lp = np.asarray(logp, dtype=_FLOAT32)
         if ids.ndim != 1 or lp.ndim != 1 or ids.shape != lp.shape:
@@ -316,7 +339,7 @@ class ExperiencePool:
             raise ValueError(f"question {qid!r}, rollout {row}: token ids must be integers in int32 range")
         if not np.all(np.isfinite(lp)):
             raise ValueError(f"question {qid!r}, rollout {row}: non-finite behaviour log-prob")
-        return _Stored(ids.astype(_INT32, copy=False).tobytes() + lp.tobytes(), int(step))
+        return _Stored(ids.astype(_INT32, copy=False).tobytes() + lp.tobytes(), int(step), reward)
 
     def _store(self, held: _Question, new: list[_Stored]) -> None:
         for item in new:
@@ -485,8 +508,9 @@ class ExperiencePool:
             "pool/active": float(self.active),
         }
         out.update({f"pool/{name}": value for name, value in self.counters.items()})
+        prefix = bucket_metric_prefix(self.config.reward_type)
         for key, count in self.bucket_counts().items():
-            out[f"pool/bucket_{key:.3f}"] = count
+            out[f"{prefix}{key:.3f}"] = count
         return out
 
     # ---------------------------------------------------------------- checkpoints
@@ -514,6 +538,7 @@ class ExperiencePool:
             "question_step": np.array([h.step for h in questions], dtype=np.int64),
             "n_trajectories": np.array([len(h.trajectories) for h in questions], dtype=np.int64),
             "trajectory_step": np.array([t.step for t in trajectories], dtype=np.int64),
+            "trajectory_reward": np.array([t.reward for t in trajectories], dtype=np.float64),
             "trajectory_length": lengths,
             "token_ids": token_ids,
             "log_probs": log_probs,
@@ -539,9 +564,12 @@ class ExperiencePool:
                     raise ValueError(f"pool state field {name!r} has shape {arr.shape}, expected ({n_q},)")
             lengths = np.asarray(state["trajectory_length"], dtype=np.int64)
             steps = np.asarray(state["trajectory_step"], dtype=np.int64)
+            # absent in files written before stored rewards were kept: unknown, NaN
+            traj_rewards = np.asarray(state.get("trajectory_reward", np.full(lengths.shape, np.nan)), dtype=np.float64)
             token_ids = np.asarray(state["token_ids"]).astype(_INT32, copy=False)
             log_probs = np.asarray(state["log_probs"]).astype(_FLOAT32, copy=False)
-            if int(per_q["n_trajectories"].sum()) != lengths.size or steps.shape != lengths.shape:
+            if (int(per_q["n_trajectories"].sum()) != lengths.size or steps.shape != lengths.shape
+                    or traj_rewards.shape != lengths.shape):
                 raise ValueError("pool state: trajectory counts do not match the trajectory table")
             if np.any(lengths < 1) or int(lengths.sum()) != token_ids.size or token_ids.size != log_probs.size:
                 raise ValueError(
@@ -573,7 +601,7 @@ class ExperiencePool:
             for _ in range(int(per_q["n_trajectories"][i])):
                 a, b = int(offsets[t]), int(offsets[t + 1])
                 blob = token_ids[a:b].tobytes() + log_probs[a:b].tobytes()
-                held.trajectories.append(_Stored(blob, int(steps[t])))
+                held.trajectories.append(_Stored(blob, int(steps[t]), float(traj_rewards[t])))
                 held.tokens += b - a
                 t += 1
             self._questions[qid] = held

@@ -213,6 +213,56 @@ def test_continuous_rewards_success_above_mean_bucket_by_spread_and_retirement()
     assert pool.bucket_of("h") == 1.0
 
 
+def test_stored_trajectories_keep_their_groups_reward_through_save_and_load(tmp_path):
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4, reward_type="continuous"), seed=0)
+    pool.update("q", *group([0.2, 0.9, 0.5, 0.6]), step=1)  # mean 0.55: rows 1 and 3 stored
+    assert [(t.token_ids[0], t.reward) for t in pool.candidates("q")] == [(1, 0.9), (3, 0.6)]
+    binary = ExperiencePool(ExGRPOConfig(n_rollouts=4))
+    binary.update("b", *group([0, 1, 1, 0]), step=1)
+    assert [t.reward for t in binary.candidates("b")] == [1.0, 1.0]
+    pool.save(tmp_path / "pool.npz")
+    assert [t.reward for t in ExperiencePool.load(tmp_path / "pool.npz").candidates("q")] == [0.9, 0.6]
+    # a file saved before rewards were kept has no trajectory_reward table: it loads, rewards unknown
+    state = pool.state_dict()
+    del state["trajectory_reward"]
+    old = ExperiencePool(pool.config)
+    old.load_state_dict(state)
+    assert all(np.isnan(t.reward) for t in old.candidates("q")) and old.bucket_of("q") == pool.bucket_of("q")
+    state = pool.state_dict()
+    state["trajectory_reward"] = state["trajectory_reward"][:1]
+    with pytest.raises(ValueError, match="trajectory counts"):
+        ExperiencePool(pool.config).load_state_dict(state)
+
+
+def test_continuous_flat_group_below_the_maximum_moves_a_held_question_to_the_zero_spread_bucket():
+    cfg = ExGRPOConfig(n_rollouts=4, reward_type="continuous", sigma=0.25)
+    pool = ExperiencePool(cfg, seed=0)
+    pool.update("q", *group([0.0, 1.0, 0.0, 1.0]), step=1)  # spread 1: the sampler's favourite bucket
+    pool.update("wide", *group([0.0, 1.0, 0.0, 1.0], base=10), step=1)
+    assert pool.bucket_of("q") == 1.0
+    # all four rollouts alike (no learning signal) but not all at the maximum: nothing stored, nothing retired
+    assert pool.update("q", *group([0.3] * 4, base=20), step=2) == "ignored"
+    assert pool.bucket_of("q") == 0.0 and pool.accuracy("q") == pytest.approx(0.3) and not pool.is_retired("q")
+    assert [t.token_ids[0] for t in pool.candidates("q")] == [1, 3]  # its old successes are kept
+    # bucket weights exp(-(b - 1)^2 / (2 sigma^2)), normalised: 1 vs exp(-8) = 0.9997 vs 0.0003
+    draws = Counter(pool.sample(1)[0] for _ in range(2000))
+    assert draws["wide"] > 1980
+    assert pool.stats()["pool/spread_bucket_0.000"] == 1 and pool.stats()["pool/spread_bucket_1.000"] == 1
+    assert not any(k.startswith("pool/bucket_") for k in pool.stats())
+
+
+def test_delayed_start_under_continuous_rewards_reads_the_mean_reward_normalised_by_the_range():
+    # rewards in [-1, 3]: normalised (r + 1) / 4. start_acc 0.35 is crossed by the mean, with no reward at the
+    # maximum at all: partial credit counts toward the start as it counts toward a question's "accuracy".
+    pool = ExperiencePool(ExGRPOConfig(reward_type="continuous", reward_min=-1.0, reward_max=3.0, start_acc=0.35))
+    low = [0.0, 0.0, 1.0]  # normalised 0.25, 0.25, 0.5: mean 1/3
+    assert pool.success_rate(low) == pytest.approx(1 / 3)
+    assert not pool.observe_step_accuracy(pool.success_rate(low))
+    high = [0.5, 0.5, 0.5, 0.5]  # normalised 0.375 each, none at the maximum
+    assert pool.success_rate(high) == pytest.approx(0.375) and pool.observe_step_accuracy(pool.success_rate(high))
+    assert pool.observe_step_accuracy(pool.success_rate([-1.0] * 4)) and pool.active  # latched for good
+
+
 def test_storage_is_at_most_9_bytes_per_token_plus_256_per_trajectory():
     rng = np.random.default_rng(0)
     tracemalloc.start()
@@ -434,7 +484,8 @@ def test_retire_if_solved_and_continuous_rewards_count_the_same_streak():
     assert pool.retire_if_solved("b", [1, 1, 1, 1]) is False and not pool.is_retired("b")
     assert pool.update("b", *group([1, 1, 1, 1]), step=5) == "retired"  # the pre-start count carries over
     cont = ExperiencePool(ExGRPOConfig(n_rollouts=3, reward_type="continuous", reward_max=2.0, retire_after=2))
-    assert cont.update("x", *group([2.0, 2.0, 2.0]), step=1) == "solved" and cont.bucket_of("x") == 1.0
+    # solved but not retired: zero spread, so the zero-spread bucket (mu = 1 favours it least), not the top one
+    assert cont.update("x", *group([2.0, 2.0, 2.0]), step=1) == "solved" and cont.bucket_of("x") == 0.0
     assert cont.update("x", *group([1.0, 1.0, 1.0]), step=2) == "ignored"  # zero spread below max: streak reset
     assert cont.update("x", *group([2.0, 2.0, 2.0]), step=3) == "solved"
     assert cont.update("x", *group([2.0, 2.0, 2.0]), step=4) == "retired"
