@@ -18,6 +18,10 @@ answer from ``--data``, the training parquet, matched by ``extra_info.qid``), an
 (bucket and age histograms) and ``pool_inspect.json`` (the same figures) to ``--out`` (default: the pool
 file's folder).
 
+A continuous-reward pool (``exgrpo.reward_type: continuous``) is shown as the sampler sees it: buckets are the
+latest fresh group's reward spread (not accuracy), a question's value is its group's mean reward, and the report
+adds the rewards the stored trajectories got (summary, histogram, per trajectory; all ``reward_max`` for binary).
+
 "Most likely to be replayed next": the pool draws a bucket with the normalised Gaussian weight of its accuracy
 (:func:`exgrpo.sampling.bucket_probabilities`, as :meth:`ExperiencePool.sample` calls it), then a question
 uniformly inside it, so a question's chance in a one-question draw is the bucket's probability divided by its
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -44,6 +49,10 @@ from exgrpo.sampling import bucket_probabilities
 OUT_STEM = "pool_inspect"
 BYTES_PER_TOKEN = 8  # int32 token id + float32 behaviour log-prob, as the pool stores and saves them
 _TABLES = ("bucket", "accuracy", "question_step", "n_trajectories", "trajectory_step", "trajectory_length")
+# What a bucket key and a question's "accuracy" field measure, by exgrpo.reward_type (the pool stores both numbers
+# under the same names; a continuous pool's "accuracy" is the latest group's mean reward).
+BUCKET_PROXY = {"binary": "accuracy", "continuous": "reward spread"}
+QUESTION_VALUE = {"binary": "accuracy", "continuous": "mean reward"}
 
 
 # ----------------------------------------------------------------------------------------------- reading
@@ -58,6 +67,9 @@ def read_pool(path: str | Path) -> tuple[ExperiencePool, dict[str, Any]]:
     pool = ExperiencePool.load(path)  # FileNotFoundError / ValueError, both naming the path
     with np.load(path, allow_pickle=False) as data:
         tables: dict[str, Any] = {name: np.asarray(data[name]) for name in _TABLES}
+        # absent from files saved before stored rewards were kept: unknown
+        tables["trajectory_reward"] = (np.asarray(data["trajectory_reward"]) if "trajectory_reward" in data.files
+                                       else np.full(tables["trajectory_length"].shape, np.nan))
         meta = json.loads(bytes(data["meta"]).decode())
     tables["qids"] = [str(q) for q in meta["qids"]]
     tables["retired"] = [str(q) for q in meta["retired"]]
@@ -177,6 +189,9 @@ def inspect(path: str | Path, *, top: int = 10, tokenizer: Any = None,
     age_values, age_counts = np.unique(ages, return_counts=True)
     step_values, step_counts = np.unique(traj_steps, return_counts=True)
     tokens = int(lengths.sum())
+    traj_rewards = t["trajectory_reward"].astype(np.float64)
+    known = traj_rewards[np.isfinite(traj_rewards)]
+    cfg = pool.config
     report: dict[str, Any] = {
         "file": str(path), "file_bytes": path.stat().st_size, "format_version": t["version"],
         "reference_step": ref, "reference_step_from": ref_source, "active": bool(pool.active),
@@ -184,12 +199,18 @@ def inspect(path: str | Path, *, top: int = 10, tokenizer: Any = None,
         "token_bytes": tokens * BYTES_PER_TOKEN,
         "counters": {k: int(v) for k, v in pool.counters.items()},
         "config": pool.config.to_dict(),
+        "reward_type": cfg.reward_type, "bucket_proxy": BUCKET_PROXY[cfg.reward_type],
+        "reward_range": [cfg.reward_min, cfg.reward_max],
         "buckets": buckets,
         "age_histogram": [{"age": int(a), "trajectories": int(c)} for a, c in zip(age_values, age_counts, strict=True)],
         "step_histogram": [{"step": int(s), "trajectories": int(c)}
                            for s, c in zip(step_values, step_counts, strict=True)],
         "trajectory_length": _five_numbers(lengths),
         "trajectory_age": _five_numbers(ages),
+        # rewards the stored successes got from their groups: all reward_max for binary rewards; for continuous
+        # ones, how far above their groups' means the kept trajectories were
+        "stored_reward": _reward_summary(known, cfg.reward_max, int(traj_rewards.size - known.size)),
+        "stored_reward_histogram": _reward_histogram(known, cfg.reward_min, cfg.reward_max),
         "top": [],
         "retired_qids": list(t["retired"]),
     }
@@ -207,6 +228,7 @@ def inspect(path: str | Path, *, top: int = 10, tokenizer: Any = None,
                          else {"question": None, "answer": None})
         for traj in pool.candidates(qid):
             item = {"step": traj.step, "age": ref - traj.step, "length": int(traj.token_ids.size),
+                    "reward": float(traj.reward) if math.isfinite(traj.reward) else None,
                     "mean_log_prob": float(np.mean(traj.log_probs))}
             if tokenizer is not None:
                 item["text"] = tokenizer.decode(traj.token_ids.tolist(), skip_special_tokens=False)
@@ -217,6 +239,25 @@ def inspect(path: str | Path, *, top: int = 10, tokenizer: Any = None,
         report["retired_questions"] = [{"qid": q, **({"question": questions[q]["question"]} if q in questions else {})}
                                        for q in t["retired"]]
     return report
+
+
+def _reward_summary(rewards: np.ndarray, reward_max: float, unknown: int) -> dict[str, Any] | None:
+    if rewards.size == 0 and not unknown:
+        return None
+    out: dict[str, Any] = {"known": int(rewards.size), "unknown": unknown}
+    if rewards.size:
+        out.update({"min": float(rewards.min()), "median": float(np.median(rewards)), "mean": float(rewards.mean()),
+                    "max": float(rewards.max()), "at_max": int(np.sum(rewards >= reward_max - 1e-9))})
+    return out
+
+
+def _reward_histogram(rewards: np.ndarray, lo: float, hi: float, bins: int = 10) -> list[dict[str, float]]:
+    """Stored trajectories per tenth of the reward range (the last bin holds the maximum)."""
+    if rewards.size == 0:
+        return []
+    counts, edges = np.histogram(np.clip(rewards, lo, hi), bins=bins, range=(lo, hi))
+    return [{"from": float(a), "to": float(b), "trajectories": int(c)}
+            for a, b, c in zip(edges[:-1], edges[1:], counts, strict=True)]
 
 
 def _five_numbers(values: np.ndarray) -> dict[str, float] | None:
@@ -243,8 +284,26 @@ def format_report(r: Mapping[str, Any], max_chars: int = 300) -> str:
     ]
     if "questions_found_in_data" in r:
         lines.append(f"  questions found in the data file: {r['questions_found_in_data']} of {r['questions']}")
+    proxy = r.get("bucket_proxy", "accuracy")
+    value_name = QUESTION_VALUE.get(r.get("reward_type", "binary"), "accuracy")
+    if r.get("reward_type") == "continuous":
+        lo, hi = r["reward_range"]
+        lines.append(f"  continuous rewards in [{lo:g}, {hi:g}]: a question's bucket is its latest fresh group's "
+                     "reward spread (std / half the range), the sampler favours the widest; only a group all at the "
+                     f"maximum {hi:g} retires a question")
+    if r.get("stored_reward"):
+        w = r["stored_reward"]
+        text = (f"min {w['min']:.3g}, median {w['median']:.3g}, mean {w['mean']:.3g}, max {w['max']:.3g}; "
+                f"{w['at_max']} of {w['known']} at the maximum" if w["known"] else "none known")
+        lines.append(f"  stored rewards: {text}"
+                     + (f" ({w['unknown']} unknown: saved before rewards were kept)" if w["unknown"] else ""))
+        if r.get("reward_type") == "continuous" and r.get("stored_reward_histogram"):
+            widest = max(h["trajectories"] for h in r["stored_reward_histogram"]) or 1
+            for h in r["stored_reward_histogram"]:
+                bar = "#" * round(20 * h["trajectories"] / widest)
+                lines.append(f"    {h['from']:>6.3g} - {h['to']:<6.3g} {bar:<20} {h['trajectories']}")
     if r["buckets"]:
-        lines.append("  bucket (latest accuracy)  questions  trajectories  share of replay draws")
+        lines.append(f"  bucket (latest {proxy})  questions  trajectories  share of replay draws")
         widest = max(b["questions"] for b in r["buckets"])
         for b in r["buckets"]:
             bar = "#" * max(1, round(20 * b["questions"] / widest))
@@ -263,7 +322,9 @@ def format_report(r: Mapping[str, Any], max_chars: int = 300) -> str:
         lines.append(f"top {len(r['top'])} questions most likely to be replayed next "
                      "(chance in a one-question draw = bucket share / bucket size):")
     for q in r["top"]:
-        lines.append(f"  {q['rank']:>2}. {q['qid']}  accuracy {q['accuracy']:.3f} (bucket {q['bucket']:.3f})  "
+        bucket_name = "bucket" if proxy == "accuracy" else "spread bucket"
+        lines.append(f"  {q['rank']:>2}. {q['qid']}  {value_name} {q['accuracy']:.3f} "
+                     f"({bucket_name} {q['bucket']:.3f})  "
                      f"p={q['replay_probability']:.4f}  last updated at step {q['last_step']}, "
                      f"{len(q['trajectories'])} stored")
         if q.get("question") is not None:
@@ -271,7 +332,8 @@ def format_report(r: Mapping[str, Any], max_chars: int = 300) -> str:
         elif "question" in q:
             lines.append("      question: (not in the data file)")
         for traj in q["trajectories"]:
-            head = (f"      [step {traj['step']}, age {traj['age']}, {traj['length']} tokens, mean log-prob "
+            reward = "" if traj.get("reward") is None or proxy == "accuracy" else f"reward {traj['reward']:.3f}, "
+            head = (f"      [step {traj['step']}, age {traj['age']}, {traj['length']} tokens, {reward}mean log-prob "
                     f"{traj['mean_log_prob']:.3f}]")
             lines.append(f"{head} {_clip(traj['text'], max_chars)}" if "text" in traj else head)
     if r["retired"]:
@@ -316,13 +378,15 @@ def plot(report: Mapping[str, Any], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    proxy = report.get("bucket_proxy", "accuracy")
+    rewards = report.get("stored_reward_histogram") if report.get("reward_type") == "continuous" else None
+    fig, axes = plt.subplots(1, 3 if rewards else 2, figsize=(16 if rewards else 11, 4))
     b = report["buckets"]
     x = [item["bucket"] for item in b]
     gaps = np.diff(x) if len(x) > 1 else np.array([1.0])  # buckets of K and K - 1 rollouts sit 1/(K(K-1)) apart
     width = min(0.05, 0.9 * float(gaps.min()))
     axes[0].bar(x, [item["questions"] for item in b], width=width, color="tab:blue", label="questions")
-    axes[0].set(xlabel="bucket (latest accuracy)", ylabel="questions", xlim=(-0.05, 1.05),
+    axes[0].set(xlabel=f"bucket (latest {proxy})", ylabel="questions", xlim=(-0.05, 1.05),
                 title=f"{report['questions']} questions held, {report['retired']} retired")
     share = axes[0].twinx()
     share.plot(x, [item["draw_probability"] for item in b], "o", color="tab:orange")
@@ -335,6 +399,10 @@ def plot(report: Mapping[str, Any], path: str | Path) -> Path:
     axes[1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[1].set(xlabel=f"age in steps (from step {report['reference_step']})", ylabel="trajectories",
                 title=f"{report['trajectories']} stored trajectories, {report['tokens']} tokens")
+    if rewards:
+        axes[2].bar([h["from"] for h in rewards], [h["trajectories"] for h in rewards], align="edge",
+                    width=[0.9 * (h["to"] - h["from"]) for h in rewards], color="tab:purple")
+        axes[2].set(xlabel="reward its group gave it", ylabel="trajectories", title="stored rewards")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=90)

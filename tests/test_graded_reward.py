@@ -138,7 +138,8 @@ def test_loads_by_file_path_without_the_package_installed(tmp_path):
     # -S: no site-packages, so no editable install of exgrpo; the file then finds reward.py beside itself
     code = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('m', sys.argv[1]); "
             "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
-            "assert 'exgrpo' not in sys.modules; print(m.compute_score('synthetic_arith', '\\\\boxed{71}', '81')['score'])")
+            "assert 'exgrpo' not in sys.modules; "
+            "print(m.compute_score('synthetic_arith', '\\\\boxed{71}', '81')['score'])")
     out = subprocess.run([sys.executable, "-S", "-c", code, str(PATH)], cwd=tmp_path, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr

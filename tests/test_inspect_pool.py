@@ -94,7 +94,7 @@ def test_top_questions_ranked_by_gaussian_bucket_weight_over_bucket_size(pool_fi
     assert [(q["accuracy"], q["last_step"], len(q["trajectories"])) for q in report["top"]] == [
         (0.5, 3, 2), (0.5, 2, 2), (0.75, 3, 3), (0.25, 1, 1)]
     first = report["top"][0]["trajectories"][0]
-    assert first == {"step": 3, "age": 0, "length": 10, "mean_log_prob": -0.5}
+    assert first == {"step": 3, "age": 0, "length": 10, "reward": 1.0, "mean_log_prob": -0.5}
     assert [q["rank"] for q in inspect(pool_file, top=2)["top"]] == [1, 2]
 
 
@@ -245,3 +245,83 @@ def test_cpu_runner_saves_its_pool_and_the_inspector_reads_it(tmp_path):
     assert {f"pool/bucket_{b['bucket']:.3f}": b["questions"] for b in report["buckets"]} == {
         k: v for k, v in stats.items() if k.startswith("pool/bucket_")}
     assert report["reference_step"] == 2 and report["questions_found_in_data"] == report["questions"]
+
+
+# ----------------------------------------------------------------------------------------------- continuous rewards
+# (qid, rewards of K = 4 fresh rollouts); spread = std / 0.5, bucket = round(4 * spread) / 4; stored: above the mean
+CONTINUOUS = [
+    ("q_w", [0.0, 1.0, 0.0, 1.0]),  # mean 0.5, std 0.5: spread 1 -> bucket 1.0; stores rows 1 and 3 (reward 1)
+    ("q_n", [0.65, 0.25, 0.25, 0.25]),  # mean 0.35, std sqrt(0.03) = 0.173: spread 0.346 -> 0.25; stores 0.65
+    ("q_m", [0.85, 0.45, 0.05, 0.45]),  # mean 0.45, std sqrt(0.08) = 0.283: spread 0.566 -> 0.5; stores 0.85
+    ("q_r", [1.0, 1.0, 1.0, 1.0]),  # all at the maximum: retires
+    ("q_f", [0.3, 0.3, 0.3, 0.3]),  # zero spread below the maximum: ignored, never held
+]
+
+
+@pytest.fixture
+def continuous_file(tmp_path) -> Path:
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4, start_acc=0.0, reward_type="continuous"), seed=0)
+    for step, (qid, rewards) in enumerate(CONTINUOUS, 1):
+        pool.update(qid, rewards, [[10 * step + i] * (i + 1) for i in range(4)], [[-0.5] * (i + 1) for i in range(4)],
+                    step)
+    path = tmp_path / "cont" / "exgrpo_pool.npz"
+    pool.save(path)
+    return path
+
+
+def test_continuous_pool_report_shows_spread_buckets_and_stored_rewards(continuous_file):
+    r = inspect(continuous_file)
+    assert (r["reward_type"], r["bucket_proxy"], r["reward_range"]) == ("continuous", "reward spread", [0.0, 1.0])
+    assert [(b["bucket"], b["questions"], b["trajectories"]) for b in r["buckets"]] == [
+        (0.25, 1, 1), (0.5, 1, 1), (1.0, 1, 2)]
+    stats = ExperiencePool.load(continuous_file).stats()
+    assert {f"pool/spread_bucket_{b['bucket']:.3f}": b["questions"] for b in r["buckets"]} == {
+        k: v for k, v in stats.items() if k.startswith("pool/spread_bucket_")}
+    assert r["stored_reward"] == pytest.approx({"known": 4, "unknown": 0, "min": 0.65, "median": 0.925,
+                                                "mean": 0.875, "max": 1.0, "at_max": 2})
+    hist = {round(h["from"], 1): h["trajectories"] for h in r["stored_reward_histogram"] if h["trajectories"]}
+    assert hist == {0.6: 1, 0.8: 1, 0.9: 2}
+    top = {q["qid"]: q for q in r["top"]}
+    assert [q["qid"] for q in r["top"]] == ["q_w", "q_m", "q_n"]  # widest spread first
+    assert [t["reward"] for t in top["q_w"]["trajectories"]] == [1.0, 1.0]
+    assert (top["q_m"]["accuracy"], [t["reward"] for t in top["q_m"]["trajectories"]]) == (
+        pytest.approx(0.45), [pytest.approx(0.85)])
+    assert r["retired_qids"] == ["q_r"]
+
+
+def test_continuous_pool_printed_and_plotted_with_spread_labels(continuous_file, tmp_path, capsys, monkeypatch):
+    import matplotlib.figure
+
+    figures = []
+    save = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (figures.append(fig), save(fig, *a, **k)))
+    assert main([str(continuous_file), "--out", str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    assert "continuous rewards in [0, 1]: a question's bucket is its latest fresh group's reward spread" in text
+    assert "stored rewards: min 0.65, median 0.925, mean 0.875, max 1; 2 of 4 at the maximum" in text
+    assert "bucket (latest reward spread)  questions" in text and "bucket (latest accuracy)" not in text
+    assert "1. q_w  mean reward 0.500 (spread bucket 1.000)" in text
+    assert "2. q_m  mean reward 0.450 (spread bucket 0.500)" in text and "1 tokens, reward 0.850, mean log-prob" in text
+    labels = {ax.get_xlabel() for ax in figures[-1].axes}
+    assert {"bucket (latest reward spread)", "reward its group gave it"} <= labels
+    assert "bucket (latest accuracy)" not in labels
+
+
+def test_binary_report_keeps_accuracy_labels(pool_file, capsys):
+    assert main([str(pool_file)]) == 0
+    text = capsys.readouterr().out
+    assert "bucket (latest accuracy)  questions" in text and "stored rewards: min 1, median 1, mean 1, max 1; " \
+        "8 of 8 at the maximum" in text
+    assert "spread" not in text and ", reward 1.000" not in text
+
+
+def test_a_pool_saved_before_rewards_were_kept_shows_them_as_unknown(continuous_file, capsys):
+    with np.load(continuous_file, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files if k != "trajectory_reward"}
+    np.savez(continuous_file, **arrays)
+    r = inspect(continuous_file)
+    assert r["stored_reward"] == {"known": 0, "unknown": 4} and r["stored_reward_histogram"] == []
+    assert all(t["reward"] is None for q in r["top"] for t in q["trajectories"])
+    assert main([str(continuous_file)]) == 0
+    assert "stored rewards: none known (4 unknown: saved before rewards were kept)" in capsys.readouterr().out
