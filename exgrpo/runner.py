@@ -34,10 +34,10 @@ from exgrpo import tiny_model as tm
 from exgrpo.advantage import grpo_advantages
 from exgrpo.config import ExGRPOConfig
 from exgrpo.objective import aggregate_loss, exgrpo_policy_loss
-from exgrpo.pool import ExperiencePool, Trajectory
+from exgrpo.pool import ExperiencePool, Trajectory, bucket_metric_prefix
 from exgrpo.selection import mean_token_entropy, select_lowest_entropy, token_entropy
 
-REWARDS = ("exgrpo", "local")
+REWARDS = ("exgrpo", "local", "graded")
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -80,7 +80,10 @@ class TrainerConfig:
     loss_agg_mode: str = "token-mean"
     norm_adv_by_std: bool = True
     entropy_coeff: float = 0.0
-    reward: str = "exgrpo"  # "exgrpo": exgrpo.reward.compute_score (math-verify); "local": exact boxed match
+    # "exgrpo": exgrpo.reward.compute_score (math-verify, 0/1); "local": exact boxed match (0/1); "graded":
+    # exgrpo.graded_reward (partial credit in [0, 1], needs exgrpo.reward_type: continuous). Test accuracy is always
+    # a 0/1 verdict: the training reward's if it is one, math-verify's for "graded" (as in a binary run).
+    reward: str = "exgrpo"
     eval_every: int = 10  # greedy test accuracy every N steps (0: only before and after)
     threads: int = 2
     output_dir: str = "runs/cpu_tiny"
@@ -106,6 +109,11 @@ class RunConfig:
     model: tm.TinyModelConfig = field(default_factory=tm.TinyModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def __post_init__(self) -> None:
+        if self.trainer.reward == "graded" and self.exgrpo.reward_type != "continuous":
+            raise ValueError("trainer.reward=graded gives rewards between 0 and 1: set exgrpo.reward_type=continuous "
+                             "(a binary pool would skip every question)")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RunConfig:
@@ -219,17 +227,26 @@ def local_score(data_source: str, solution: str, ground_truth: str) -> float:
 
 
 def make_scorer(kind: str) -> Callable[[str, str, str], float]:
-    """The project's verifier, memoised: it is deterministic, a call costs ~2-3 ms (a process round trip),
+    """The reward, memoised: it is deterministic, a verifier call costs ~2-3 ms (a process round trip),
     and a tiny model repeats itself a lot (most of a step's 512 rollouts are answers seen before)."""
     if kind == "local":
         return local_score
-    from exgrpo.reward import compute_score
+    if kind == "graded":
+        from exgrpo.graded_reward import compute_score
+    else:
+        from exgrpo.reward import compute_score
 
     @functools.lru_cache(maxsize=1 << 18)
     def score(data_source: str, solution: str, truth: str) -> float:
         return float(compute_score(data_source, solution, truth)["score"])
 
     return score
+
+
+def eval_scorer_kind(kind: str) -> str:
+    """The 0/1 verdict test accuracy uses: the training reward's, or math-verify's where training is graded, so a
+    graded run's test accuracy is measured exactly as a binary run's is."""
+    return "exgrpo" if kind == "graded" else kind
 
 
 def _verifier_calls(score: Callable) -> int | None:
@@ -316,6 +333,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
                                                     [q.ground_truth for q in train_qs], cfg.model, tc.progress)
     torch.manual_seed(tc.seed)
     score = make_scorer(tc.reward)
+    test_score = score if eval_scorer_kind(tc.reward) == tc.reward else make_scorer(eval_scorer_kind(tc.reward))
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     prompt_ids = dict(zip([q.qid for q in train_qs],
                           tm.encode_prompts(tokenizer, [q.prompt for q in train_qs], cfg.model.prompt_width),
@@ -327,7 +345,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
     metrics_file = (out_dir / "metrics.jsonl").open("w")
     t0 = time.perf_counter()
-    first = evaluate(model, tokenizer, test_qs, cfg, score)
+    first = evaluate(model, tokenizer, test_qs, cfg, test_score)
     history: list[dict[str, Any]] = [{"step": 0, **first, "time_s": 0.0}]
     metrics_file.write(json.dumps(history[0]) + "\n")
     bar = range(1, tc.steps + 1)
@@ -391,7 +409,8 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
             opt.step()
         # 5. collection from fresh rollouts only, once the delayed start has latched
         fresh_rewards = rewards[:n_fresh_rows]
-        fresh_acc = pool.success_rate(fresh_rewards.tolist())  # the latch's rule (binary: mean of 0/1 rewards)
+        # the latch's rule: binary, the share of correct rollouts; continuous, the mean reward normalised to [0, 1]
+        fresh_acc = pool.success_rate(fresh_rewards.tolist())
         outcomes: dict[str, int] = {}
         mixed = 0
         if xc.enable and pool.observe_step_accuracy(fresh_acc):
@@ -409,13 +428,18 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
                 if pool.retire_if_solved(qid, fresh_rewards[row - n:row].tolist()):
                     outcomes["retired"] = outcomes.get("retired", 0) + 1
         row = 0
-        for _, n in groups:
-            k = float(fresh_rewards[row:row + n].sum())
-            mixed += 0 < k < n
+        for _, n in groups:  # groups with a learning signal: not all rewards alike (binary: 0 < correct < n)
+            group_rewards = fresh_rewards[row:row + n]
+            mixed += bool((group_rewards != group_rewards[0]).any())
             row += n
+        if xc.reward_type == "continuous":  # fresh_acc is then a normalised mean: show what it is made of
+            graded = {"fresh_reward": float(fresh_rewards.mean()),
+                      "fresh_at_max": float((fresh_rewards >= xc.reward_max - 1e-9).float().mean())}
+        else:
+            graded = {}
         record = {
             "step": step, "loss": loss.item(), "grad_norm": float(grad_norm), "skipped_update": int(skipped_update),
-            "fresh_acc": fresh_acc,
+            "fresh_acc": fresh_acc, **graded,
             "fresh_questions": len(fresh), "replay_questions": len(replay), "fresh_consumed": stream.consumed,
             "mixed_groups": mixed, "replay_reward": float(rewards[n_fresh_rows:].mean()) if replay else None,
             "replay_entropy": float(np.mean(chosen_entropy)) if chosen_entropy else None,
@@ -428,7 +452,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
             raise FloatingPointError(f"step {step}: loss is {record['loss']}")
         if tc.eval_every and step % tc.eval_every == 0:
             model.eval()
-            record.update(evaluate(model, tokenizer, test_qs, cfg, score))
+            record.update(evaluate(model, tokenizer, test_qs, cfg, test_score))
         history.append(record)
         metrics_file.write(json.dumps(record) + "\n")
         metrics_file.flush()
@@ -436,7 +460,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
             bar.set_postfix(acc=f"{fresh_acc:.2f}", pool=len(pool), replay=len(replay), refresh=False)
     model.eval()
     if "test/acc" not in history[-1]:
-        history[-1].update(evaluate(model, tokenizer, test_qs, cfg, score))
+        history[-1].update(evaluate(model, tokenizer, test_qs, cfg, test_score))
         metrics_file.write(json.dumps({"step": history[-1]["step"], "final_eval": True,
                                        "fresh_consumed": history[-1].get("fresh_consumed", 0),
                                        **{k: v for k, v in history[-1].items() if k.startswith("test/")}}) + "\n")
@@ -445,6 +469,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
     slots = sum(h["fresh_questions"] + h["replay_questions"] for h in steps_run)
     summary = {
         "mode": "exgrpo" if xc.enable else "grpo", "seed": tc.seed, "steps": len(steps_run),
+        "reward": tc.reward, "reward_type": xc.reward_type,
         "fresh_questions": stream.consumed, "acc_before": first["test/acc"], "acc_after": history[-1]["test/acc"],
         "acc_after_by_level": {k: v for k, v in history[-1].items() if k.startswith("test/acc_level")},
         "pool_questions": len(pool), "pool_trajectories": pool.stats()["pool/trajectories"],
@@ -460,7 +485,8 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
     (out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     pool.save(out_dir / "exgrpo_pool.npz")
     if tc.plot:
-        plot(history, out_dir / "plot.png", title=f"{summary['mode']} seed {tc.seed}")
+        plot(history, out_dir / "plot.png", title=f"{summary['mode']} seed {tc.seed}, {tc.reward} reward",
+             reward_type=xc.reward_type)
     return summary
 
 
@@ -479,33 +505,47 @@ def environment() -> dict[str, Any]:
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
 
 
-def plot(history: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> None:
+PLOT_LABELS = {  # what the fresh curve and the buckets measure: continuous rewards bucket by spread, not accuracy
+    "binary": {"fresh": "fresh rollouts (T=1)", "y": "accuracy", "title": "accuracy",
+               "bucket": "bucket (latest fresh accuracy)", "buckets": "pool questions per accuracy bucket"},
+    "continuous": {"fresh": "fresh mean reward, normalised (T=1)", "y": "accuracy / normalised reward",
+                   "title": "test accuracy (0/1), fresh reward", "bucket": "bucket (latest fresh reward spread)",
+                   "buckets": "pool questions per reward-spread bucket"},
+}
+
+
+def plot(history: Sequence[dict[str, Any]], path: str | Path, title: str = "", reward_type: str = "binary") -> None:
     """Accuracy, pool size and the pool's bucket histogram over steps, in one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    labels = PLOT_LABELS[reward_type]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     evals = [h for h in history if "test/acc" in h]
     steps = [h["step"] for h in history if h["step"] > 0]
     axes[0].plot([h["step"] for h in evals], [h["test/acc"] for h in evals], "o-", label="test (greedy)")
-    axes[0].plot(steps, [h["fresh_acc"] for h in history if h["step"] > 0], alpha=0.5, label="fresh rollouts (T=1)")
-    axes[0].set(xlabel="step", ylabel="accuracy", title="accuracy")
+    axes[0].plot(steps, [h["fresh_acc"] for h in history if h["step"] > 0], alpha=0.5, label=labels["fresh"])
+    if reward_type == "continuous":
+        axes[0].plot(steps, [h["fresh_at_max"] for h in history if h["step"] > 0], alpha=0.5,
+                     label="fresh rollouts at the maximum reward")
+    axes[0].set(xlabel="step", ylabel=labels["y"], title=labels["title"])
     axes[0].legend()
     for key, label in (("pool/questions", "pool questions"), ("pool/retired", "retired"),
                        ("replay_questions", "replayed this step")):
         axes[1].plot(steps, [h.get(key, 0) for h in history if h["step"] > 0], label=label)
     axes[1].set(xlabel="step", title="experience pool")
     axes[1].legend()
-    keys = sorted({k for h in history for k in h if k.startswith("pool/bucket_")}, key=lambda k: float(k[12:]))
-    if keys:  # buckets of K and K - 1 fresh rollouts interleave, so colour by accuracy rather than a legend
+    prefix = bucket_metric_prefix(reward_type)
+    keys = sorted({k for h in history for k in h if k.startswith(prefix)}, key=lambda k: float(k[len(prefix):]))
+    if keys:  # buckets of K and K - 1 fresh rollouts interleave, so colour by the bucket's value, not a legend
         cmap = plt.get_cmap("viridis")
         axes[2].stackplot(steps, [[h.get(k, 0) for h in history if h["step"] > 0] for k in keys],
-                          colors=[cmap(float(k[12:])) for k in keys])
+                          colors=[cmap(float(k[len(prefix):])) for k in keys])
         fig.colorbar(matplotlib.cm.ScalarMappable(cmap=cmap, norm=matplotlib.colors.Normalize(0, 1)), ax=axes[2],
-                     label="bucket (latest fresh accuracy)")
-    axes[2].set(xlabel="step", ylabel="questions", title="pool questions per accuracy bucket")
+                     label=labels["bucket"])
+    axes[2].set(xlabel="step", ylabel="questions", title=labels["buckets"])
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -522,6 +562,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  test accuracy (greedy): {s['acc_before']:.1%} -> {s['acc_after']:.1%}  ({levels})",
         f"  pool: {s['pool_questions']} questions, {s['pool_trajectories']} trajectories; retired: {s['retired']}",
         f"  replay share: {s['replay_share']:.1%} of question slots (first replay at step {s['first_replay_step']})",
+        *([f"  rewards: {s['reward']}, continuous (pool buckets by reward spread; test accuracy is 0/1)"]
+          if s.get("reward_type") == "continuous" else []),
         f"  metrics: {s['metrics']}   plot: {s['plot']}",
         *([f"  environment: torch {env['torch']}, transformers {env['transformers']}, "
            f"{env['cpu_capability']} kernels, {env['threads']} thread(s)"] if (env := s.get("environment")) else []),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -140,8 +141,9 @@ def test_loads_by_file_path_without_the_package_installed(tmp_path):
             "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
             "assert 'exgrpo' not in sys.modules; "
             "print(m.compute_score('synthetic_arith', '\\\\boxed{71}', '81')['score'])")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([sys.executable, "-S", "-c", code, str(PATH)], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout) == pytest.approx(0.1 + 0.4 * 71 / 81 + 0.2)
 

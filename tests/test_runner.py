@@ -17,8 +17,10 @@ from exgrpo.runner import (
     FreshStream,
     Question,
     compose_batch,
+    eval_scorer_kind,
     format_summary,
     load_config,
+    load_questions,
     local_score,
     rl_subset,
     train,
@@ -230,3 +232,125 @@ def test_same_seed_same_numbers_in_fresh_processes_with_the_warm_start_built_or_
     loaded = _run_in_fresh_process(tmp_path, "c", "models_a")
     assert len(built_a) > 3 and any("replay_questions" in r for r in built_a)
     assert built_a == built_b == loaded
+
+
+# ----------------------------------------------------------------------------------------------- continuous rewards
+class RecordingPool(ExperiencePool):
+    """The pool, plus a log of every fresh group it was given and what it did with it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.log: list[tuple[int, str, list[float], str]] = []
+
+    def update(self, qid, rewards, responses, log_probs, step):
+        outcome = super().update(qid, rewards, responses, log_probs, step)
+        self.log.append((step, str(qid), [float(r) for r in rewards], outcome))
+        return outcome
+
+
+def test_graded_reward_needs_continuous_reward_type():
+    with pytest.raises(ValueError, match="trainer.reward=graded.*exgrpo.reward_type=continuous"):
+        load_config(CONFIG, ["trainer.reward=graded"])
+    assert load_config(CONFIG, ["trainer.reward=graded", "exgrpo.reward_type=continuous"]).trainer.reward == "graded"
+    # test accuracy stays a 0/1 verdict: math-verify's for a graded run, as in a binary one
+    assert [eval_scorer_kind(k) for k in ("graded", "exgrpo", "local")] == ["exgrpo", "exgrpo", "local"]
+
+
+def test_continuous_run_latches_on_mean_reward_stores_graded_successes_replays_them_and_retires_only_at_max(
+        smoke_root):
+    from exgrpo.graded_reward import compute_score
+    from exgrpo.inspect_pool import inspect
+    from exgrpo.tiny_model import build_tokenizer
+
+    # K = 2 and the longer warm start of the test above (same cached model): some groups are all exact, so some
+    # questions retire within 4 steps.
+    extra = ("trainer.reward=graded", "exgrpo.reward_type=continuous", "exgrpo.n_rollouts=2", "trainer.steps=4",
+             "model.warm_start_steps=200", "trainer.plot=false")
+    cfg = _smoke_config(smoke_root, "continuous", extra)
+    pool = RecordingPool(cfg.exgrpo, seed=cfg.trainer.seed)
+    summary = train(cfg, pool)
+    steps = [r for r in _metrics(summary) if r["step"] > 0 and "loss" in r]
+    assert summary["reward_type"] == "continuous" and summary["reward"] == "graded"
+
+    # the delayed start: fresh_acc is the mean fresh reward normalised by [0, 1], and the latch fires on it
+    for r in steps:
+        assert r["fresh_acc"] == pytest.approx(r["fresh_reward"]) and 0 <= r["fresh_at_max"] <= r["fresh_reward"]
+        assert r["pool/active"] == float(any(s["fresh_acc"] > 0.35 for s in steps if s["step"] <= r["step"]))
+    latched = [r["step"] for r in steps if r["pool/active"]]
+    assert latched and all(p[0] >= latched[0] for p in pool.log)  # nothing collected before the latch
+    assert summary["first_replay_step"] == latched[0] + 1
+    # ... which partial credit reaches before exact answers would: a binary run's fresh_acc would be fresh_at_max
+    assert steps[latched[0] - 1]["fresh_at_max"] <= 0.35
+
+    # replay inserted: replayed questions took batch slots and their stored trajectories reached the loss
+    replayed = [r for r in steps if r["replay_questions"]]
+    assert replayed and all(r["exgrpo/replay_token_share"] > 0 for r in replayed)
+    assert all(r["fresh_questions"] + r["replay_questions"] == 32 for r in steps)
+
+    # every decision the pool took follows the continuous rule
+    by_group = {}
+    for step, qid, rewards, outcome in pool.log:
+        spread = float(np.std(rewards)) / 0.5
+        if outcome == "retired":
+            assert rewards == [1.0] * len(rewards)  # only a group all at reward_max retires
+        elif spread < 1e-9:
+            assert outcome == "ignored" and max(rewards) < 1.0
+        else:
+            assert outcome == "stored"
+        by_group[(step, qid)] = rewards
+    retired = [p for p in pool.log if p[3] == "retired"]
+    assert retired and all(pool.is_retired(qid) and qid not in pool for _, qid, _, _ in retired)
+    assert all(rw != [1.0] * len(rw) or out == "retired" for _, _, rw, out in pool.log)  # retire_after = 1
+    assert sum(r["mixed_groups"] for r in steps if r["pool/active"]) == sum(
+        max(rw) != min(rw) for _, _, rw, _ in pool.log)
+
+    # stored rewards are graded (not 0/1), above their group's mean, and what the reward gives their tokens
+    tokenizer = build_tokenizer()
+    questions = {q.qid: q for q in load_questions(cfg.data.train_file, tokenizer)}
+    stored = [(qid, t) for qid in list(pool._questions) for t in pool.candidates(qid)]
+    assert stored and any(0.0 < t.reward < 1.0 for _, t in stored)
+    for qid, t in stored:
+        assert t.reward > np.mean(by_group[(t.step, qid)]) and t.reward in by_group[(t.step, qid)]
+        text = tokenizer.decode(t.token_ids.tolist(), skip_special_tokens=True)
+        # (the runner's reward tensor is float32: equal to float32 precision)
+        assert compute_score("synthetic_arith", text, questions[qid].ground_truth)["score"] == pytest.approx(
+            t.reward, rel=1e-6)
+    for qid in pool._questions:  # each held question sits in the spread bucket of its latest group
+        step, rewards = max((s, rw) for (s, q), rw in by_group.items() if q == qid)
+        assert pool.bucket_of(qid) == round(min(float(np.std(rewards)) / 0.5, 1.0) * 2) / 2
+
+    # visible: spread-bucket metrics, and the saved pool as the inspector reads it
+    assert any(k.startswith("pool/spread_bucket_") for k in steps[-1]) and not any(
+        k.startswith("pool/bucket_") for r in steps for k in r)
+    report = inspect(Path(cfg.trainer.output_dir) / "exgrpo_pool.npz")
+    assert report["bucket_proxy"] == "reward spread" and report["trajectories"] == len(stored)
+    assert report["stored_reward"]["min"] == pytest.approx(min(t.reward for _, t in stored))
+
+
+@pytest.mark.parametrize("reward_type", ["binary", "continuous"])
+def test_plot_labels_the_difficulty_proxy_it_shows(tmp_path, monkeypatch, reward_type):
+    import matplotlib.figure
+
+    from exgrpo.runner import plot
+
+    figures = []
+    save = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (figures.append(fig), save(fig, *a, **k)))
+    prefix = "pool/bucket_" if reward_type == "binary" else "pool/spread_bucket_"
+    history = [{"step": 0, "test/acc": 0.1}] + [
+        {"step": s, "fresh_acc": 0.4, "fresh_at_max": 0.1, "pool/questions": s, "pool/retired": 0,
+         "replay_questions": 1, f"{prefix}0.250": s, f"{prefix}1.000": 1} for s in (1, 2)]
+    plot(history, tmp_path / "plot.png", reward_type=reward_type)
+    fig = figures[-1]
+    ylabels = {ax.get_ylabel() for ax in fig.axes}
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    if reward_type == "binary":
+        assert fig.axes[2].get_title() == "pool questions per accuracy bucket"
+        assert "bucket (latest fresh accuracy)" in ylabels and legend == ["test (greedy)", "fresh rollouts (T=1)"]
+    else:
+        assert fig.axes[2].get_title() == "pool questions per reward-spread bucket"
+        assert "bucket (latest fresh reward spread)" in ylabels and not any("accuracy)" in y for y in ylabels)
+        assert legend == ["test (greedy)", "fresh mean reward, normalised (T=1)",
+                          "fresh rollouts at the maximum reward"]
+    assert len(fig.axes[2].collections) == 2  # one band per bucket key of the right prefix
