@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from exgrpo.cli import InputError
+
 # The system prompt of the authors' runs (SPEC §3), byte-exact: real newlines after "<think>" and "</think>",
 # a literal backslash in "\boxed{}".
 SYSTEM_PROMPT = (
@@ -41,6 +43,10 @@ SYSTEM_PROMPT_SHA256 = "a8747f1674d341836ab8fae3c29263fee4dd555f07259cdbc6dadf41
 
 QID_CHARS = 16
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
+# Names ending like this are files, never hub datasets: read them locally, so a wrong file type is named as such
+# instead of being looked up on the hub.
+FILE_LIKE_SUFFIXES = (".txt", ".tsv", ".xls", ".xlsx", ".gz", ".bz2", ".xz", ".zip", ".tar", ".arrow", ".pkl",
+                      ".pickle", ".npy", ".npz", ".yaml", ".yml", ".md", ".html", ".xml", ".pt")
 
 
 def question_id(data_source: str, question: str) -> str:
@@ -129,6 +135,25 @@ def first_field(record: Mapping[str, Any], keys: Sequence[str], *, where: str) -
     raise KeyError(f"{where}: none of the fields {list(keys)} present (fields: {sorted(record)})")
 
 
+# Fields that only multiple-choice schemas have (ARC: choices + answerKey, MMLU-Pro: options, GPQA: the answers
+# spelled out), and the question and answer fields of the math schemas: enough to tell a user which preprocessor
+# a file belongs to.
+MULTIPLE_CHOICE_FIELDS = ("choices", "options", "answerKey", "Correct Answer", "Incorrect Answer 1")
+MATH_QUESTION_FIELDS = ("problem", "question", "Problem", "Question")
+MATH_ANSWER_FIELDS = ("answer", "Answer", "final_answer")
+
+
+def is_multiple_choice_record(record: Mapping[str, Any]) -> bool:
+    """Whether a raw record is in a multiple-choice schema (ARC, GPQA, MMLU-Pro): it has option fields."""
+    return any(key in record for key in MULTIPLE_CHOICE_FIELDS)
+
+
+def is_math_record(record: Mapping[str, Any]) -> bool:
+    """Whether a raw record is in a math-answer schema: a question and a final answer, and no options."""
+    return (not is_multiple_choice_record(record) and any(key in record for key in MATH_QUESTION_FIELDS)
+            and any(key in record for key in MATH_ANSWER_FIELDS))
+
+
 def user_message(prompt: Any, *, where: str) -> str:
     """The last user turn of a chat-list prompt (verl rows), or the prompt itself when it is a plain string."""
     if isinstance(prompt, str):
@@ -153,37 +178,65 @@ def system_message(prompt: Any) -> str | None:
 
 
 def read_local(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a local .parquet, .jsonl, .json (list of objects, or {"data": [...]}) or .csv file."""
+    """Records of a local .parquet, .jsonl, .json (list of objects, or {"data": [...]}) or .csv file.
+
+    Whatever the reader says about a broken file (pyarrow, pandas, json, a binary file's decode error), the error
+    names the file, and the line for jsonl, because the reader's own message names neither.
+    """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such data file: {path}")
     suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        import pandas as pd
-
-        return pd.read_parquet(path).to_dict(orient="records")
-    if suffix == ".csv":
-        import pandas as pd
-
-        return pd.read_csv(path, keep_default_na=False).to_dict(orient="records")
+    if suffix not in LOCAL_SUFFIXES:
+        raise InputError(f"{path}: unsupported file type {suffix or '(no suffix)'!r}; give a "
+                         f"{', '.join(LOCAL_SUFFIXES[:-1])} or {LOCAL_SUFFIXES[-1]} file")
+    if not path.is_file():
+        raise FileNotFoundError(f"no such data file: {path} (check the path)")
     if suffix == ".jsonl":
-        records = []
+        return _read_jsonl(path)
+    try:
+        if suffix == ".parquet":
+            import pandas as pd
+
+            records = pd.read_parquet(path).to_dict(orient="records")
+        elif suffix == ".csv":
+            import pandas as pd
+
+            records = pd.read_csv(path, keep_default_na=False).to_dict(orient="records")
+        else:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(data, Mapping):
+                data = data.get("data", data.get("rows"))
+            if not isinstance(data, list):
+                raise InputError(f"{path}: expected a JSON list of objects (or {{'data': [...]}})")
+            records = data
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every reader failure means "this file is not what its name says"
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise InputError(f"{path}: cannot be read as {suffix[1:]} ({detail[:300]})") from exc
+    for position, record in enumerate(records):
+        if not isinstance(record, Mapping):
+            raise InputError(f"{path}: row {position} is a {type(record).__name__}, expected an object with fields")
+    return records
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    records = []
+    try:
         with path.open(encoding="utf-8") as handle:
             for line_no, line in enumerate(handle, 1):
-                if line.strip():
-                    try:
-                        records.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise ValueError(f"{path}:{line_no}: invalid JSON ({exc})") from exc
-        return records
-    if suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, Mapping):
-            data = data.get("data", data.get("rows"))
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON list of objects (or {{'data': [...]}})")
-        return data
-    raise ValueError(f"{path}: unsupported file type {suffix!r} (expected one of {LOCAL_SUFFIXES})")
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"{path}:{line_no}: invalid JSON ({exc}); fix or remove that line") from exc
+                if not isinstance(record, Mapping):
+                    raise InputError(f"{path}:{line_no}: a JSON {type(record).__name__}, expected an object "
+                                     "with fields")
+                records.append(record)
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); is it really jsonl?") from exc
+    return records
 
 
 class HubUnavailable(RuntimeError):
@@ -257,7 +310,7 @@ def load_records(source: str, *, config: str | None = None, split: str = "train"
     A hub that cannot be reached (or refuses the dataset) raises :class:`HubUnavailable` whose message names
     ``local_option``, the command-line option that takes a local file instead.
     """
-    if Path(source).suffix.lower() in LOCAL_SUFFIXES or Path(source).exists():
+    if Path(source).suffix.lower() in LOCAL_SUFFIXES + FILE_LIKE_SUFFIXES or Path(source).exists():
         return read_local(source)
     try:
         import datasets
@@ -275,16 +328,22 @@ def load_records(source: str, *, config: str | None = None, split: str = "train"
 
 
 def write_rows(rows: Sequence[dict[str, Any]], output: str | Path) -> Path:
-    """Write verl rows as parquet (or jsonl when ``output`` ends in .jsonl)."""
+    """Write verl rows as parquet (or jsonl when ``output`` ends in .jsonl); zero rows is an error.
+
+    A 0-row file (pandas writes it with no columns at all) would only fail later, inside a trainer or evaluator
+    that cannot say where it came from, so nothing is written and the caller's message says why it is empty.
+    """
     output = Path(output)
+    if output.suffix.lower() not in (".parquet", ".jsonl"):
+        raise InputError(f"--output {output} must end in .parquet or .jsonl")
+    if not rows:
+        raise InputError(f"no rows to write to {output}; nothing written")
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.suffix.lower() == ".jsonl":
         with output.open("w", encoding="utf-8") as handle:
             for row in rows:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
         return output
-    if output.suffix.lower() != ".parquet":
-        raise ValueError(f"output {output} must end in .parquet or .jsonl")
     import pandas as pd
 
     pd.DataFrame(list(rows)).to_parquet(output, index=False)
@@ -317,11 +376,15 @@ def rows_from_processed(records: Iterable[Mapping[str, Any]], *, source_name: st
     sharing one qid. Returns the rows and counts (rows, other_system_prompt) for the summary.
     """
     rows, other_system = [], 0
+    records = list(records)
+    if not records:
+        raise InputError(f"{source_name}: no rows; give the authors' processed parquet (e.g. math_test.parquet)")
     for position, record in enumerate(records):
         where = f"{source_name} row {position}"
         for field in ("data_source", "prompt", "reward_model"):
             if field not in record:
-                raise KeyError(f"{where}: missing field {field!r} (fields: {sorted(record)})")
+                raise KeyError(f"{where}: missing field {field!r} (fields: {sorted(record)}); --processed takes a "
+                               "verl file with data_source, prompt and reward_model (the authors' processed parquet)")
         reward_model = record["reward_model"]
         if not isinstance(reward_model, Mapping) or "ground_truth" not in reward_model:
             raise KeyError(f"{where}: reward_model has no 'ground_truth'")

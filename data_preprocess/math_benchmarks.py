@@ -38,6 +38,7 @@ from data_preprocess.common import (
     clean_answer,
     finalize,
     first_field,
+    is_multiple_choice_record,
     load_records,
     make_row,
     read_local,
@@ -45,6 +46,9 @@ from data_preprocess.common import (
     rows_from_processed,
     write_rows,
 )
+from exgrpo import cli
+from exgrpo.cli import InputError
+from exgrpo.reward import is_multiple_choice
 
 
 class Benchmark(NamedTuple):
@@ -69,18 +73,23 @@ BENCHMARKS: dict[str, Benchmark] = {
 }
 
 
-def convert(name: str, records: Iterable[Mapping[str, Any]], repeats: int | None = None) -> list[dict[str, Any]]:
+def convert(name: str, records: Iterable[Mapping[str, Any]], repeats: int | None = None, *,
+            origin: str | None = None) -> list[dict[str, Any]]:
     """Raw records of benchmark ``name`` -> verl rows (with avg@k repeats); a row without answer is an error.
 
     A benchmark question without a gradable answer would silently lower every score, so unlike the training
-    set nothing is dropped: the offending row is named instead.
+    set nothing is dropped: the offending row is named instead. ``origin`` (e.g. the file) names the records in
+    errors instead of ``name``.
     """
     if name not in BENCHMARKS:
         raise KeyError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}")
     spec = BENCHMARKS[name]
     rows = []
     for position, record in enumerate(records):
-        where = f"{name} row {position}"
+        where = f"{origin or name} row {position}"
+        if is_multiple_choice_record(record):
+            raise InputError(f"{where} is a multiple-choice question (fields: {sorted(record)}), not a math question: "
+                             "that file belongs to data_preprocess/ood_benchmarks.py")
         question = first_field(record, spec.question_keys, where=where)
         answer = clean_answer(first_field(record, spec.answer_keys, where=where))
         if not isinstance(question, str) or not question.strip():
@@ -102,8 +111,23 @@ def build(names: Sequence[str], local: Mapping[str, str] | None = None, repeats:
             raise KeyError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}")
         records = read_local(local[name]) if name in local else load_records(
             spec.hub, config=spec.config, split=spec.split, local_option=local_option(name))
-        rows.extend(convert(name, records, repeats))
+        origin = f"{name} ({local[name] if name in local else spec.hub})"
+        if not records:
+            raise InputError(f"{origin}: no rows; a benchmark without questions would be missing from every table")
+        rows.extend(convert(name, records, repeats, origin=origin))
     return finalize(rows)
+
+
+def check_processed(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    """An authors' processed file of multiple-choice benchmarks belongs to ood_benchmarks.py: say so.
+
+    Its rows would import without complaint (same verl layout) and then be graded as multiple choice inside an
+    in-distribution table, so the file is refused by the data_source of its rows.
+    """
+    foreign = sorted({str(row["data_source"]) for row in rows if is_multiple_choice(str(row["data_source"]))})
+    if foreign:
+        raise InputError(f"{path} holds multiple-choice benchmark rows (data_source {', '.join(foreign)}), not math: "
+                         f"import it with data_preprocess/ood_benchmarks.py --processed {path}")
 
 
 def local_option(name: str) -> str:
@@ -122,7 +146,7 @@ def parse_local(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=cli.DEBUG_HELP)
     parser.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=sorted(BENCHMARKS))
     parser.add_argument("--local", nargs="*", default=[], metavar="NAME=PATH", help="local raw file per benchmark")
     parser.add_argument("--processed", default=None, help="an authors' processed verl parquet instead")
@@ -130,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default="data/math_test.parquet")
     args = parser.parse_args(argv)
     if args.processed:
-        rows, counts = rows_from_processed(read_local(args.processed), source_name=args.processed)
         if args.repeats is not None:
-            raise SystemExit("--repeats does not apply to --processed files (their repeats are already rows)")
+            raise InputError("--repeats does not apply to --processed files (their repeats are already rows)")
+        rows, counts = rows_from_processed(read_local(args.processed), source_name=args.processed)
+        check_processed(rows, args.processed)
     else:
         try:
             rows = build(args.benchmarks, parse_local(args.local), args.repeats)
@@ -152,4 +177,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main, prog="math_benchmarks"))

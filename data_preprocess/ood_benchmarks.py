@@ -38,12 +38,16 @@ from data_preprocess.common import (
     HubUnavailable,
     finalize,
     first_field,
+    is_math_record,
     load_records,
     make_row,
     read_local,
     rows_from_processed,
     write_rows,
 )
+from exgrpo import cli
+from exgrpo.cli import InputError
+from exgrpo.reward import is_multiple_choice
 
 LETTERS = "ABCDEFGHIJ"
 GPQA_INSTRUCTION = (
@@ -85,9 +89,14 @@ def option_order(n_options: int, seed: int, benchmark: str, question: str) -> li
 
 def _options_and_answer(name: str, record: Mapping[str, Any], where: str) -> tuple[str, list[str], int]:
     """(question, options, index of the correct option) from one raw record."""
+    if is_math_record(record):
+        raise InputError(f"{where} is a math question (a final answer, no options; fields: {sorted(record)}), not a "
+                         "multiple-choice question: that file belongs to data_preprocess/math_benchmarks.py")
     if name == "arc_c":
         question = first_field(record, ("question",), where=where)
         choices = first_field(record, ("choices",), where=where)
+        if not isinstance(choices, Mapping) or "text" not in choices or "label" not in choices:
+            raise InputError(f"{where}: 'choices' must be {{'text': [...], 'label': [...]}}, got {choices!r:.100}")
         texts, labels = list(choices["text"]), [str(label) for label in choices["label"]]
         key = str(first_field(record, ("answerKey", "answer"), where=where)).strip()
         if key not in labels:
@@ -102,7 +111,10 @@ def _options_and_answer(name: str, record: Mapping[str, Any], where: str) -> tup
         question = first_field(record, ("question",), where=where)
         options = [str(option) for option in list(first_field(record, ("options",), where=where))]
         if "answer_index" in record and record["answer_index"] is not None:
-            index = int(record["answer_index"])
+            try:
+                index = int(record["answer_index"])
+            except (TypeError, ValueError) as exc:
+                raise InputError(f"{where}: answer_index {record['answer_index']!r} is not an integer") from exc
         else:
             letter = str(first_field(record, ("answer",), where=where)).strip().upper()
             if letter not in LETTERS[: len(options)]:
@@ -114,14 +126,14 @@ def _options_and_answer(name: str, record: Mapping[str, Any], where: str) -> tup
     raise KeyError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}")
 
 
-def convert(name: str, records: Iterable[Mapping[str, Any]], *, shuffle: bool = False, seed: int = 0
-            ) -> list[dict[str, Any]]:
-    """Raw records -> verl rows with lettered options and a letter ground truth."""
+def convert(name: str, records: Iterable[Mapping[str, Any]], *, shuffle: bool = False, seed: int = 0,
+            origin: str | None = None) -> list[dict[str, Any]]:
+    """Raw records -> verl rows with lettered options and a letter ground truth (``origin`` names them in errors)."""
     if name not in BENCHMARKS:
         raise KeyError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}")
     rows = []
     for position, record in enumerate(records):
-        where = f"{name} row {position}"
+        where = f"{origin or name} row {position}"
         question, options, answer_index = _options_and_answer(name, record, where)
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"{where}: empty question")
@@ -152,12 +164,26 @@ def build(names: Sequence[str], local: Mapping[str, str] | None = None, *, shuff
         spec = BENCHMARKS[name]
         records = read_local(local[name]) if name in local else load_records(
             spec.hub, config=spec.config, split=spec.split, local_option=local_option(name))
-        rows.extend(convert(name, records, shuffle=shuffle, seed=seed))
+        origin = f"{name} ({local[name] if name in local else spec.hub})"
+        if not records:
+            raise InputError(f"{origin}: no rows; a benchmark without questions would be missing from every table")
+        rows.extend(convert(name, records, shuffle=shuffle, seed=seed, origin=origin))
     return finalize(rows)
 
 
+def check_processed(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    """An authors' processed file of math benchmarks belongs to math_benchmarks.py: say so.
+
+    Its rows would import without complaint (same verl layout) and be graded by math-verify inside the OOD table.
+    """
+    foreign = sorted({str(row["data_source"]) for row in rows if not is_multiple_choice(str(row["data_source"]))})
+    if foreign:
+        raise InputError(f"{path} holds math benchmark rows (data_source {', '.join(foreign)}), not multiple choice: "
+                         f"import it with data_preprocess/math_benchmarks.py --processed {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=cli.DEBUG_HELP)
     parser.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=sorted(BENCHMARKS))
     parser.add_argument("--local", nargs="*", default=[], metavar="NAME=PATH", help="local raw file per benchmark")
     parser.add_argument("--processed", default=None, help="an authors' processed verl parquet instead")
@@ -167,12 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.processed:
         rows, counts = rows_from_processed(read_local(args.processed), source_name=args.processed)
+        check_processed(rows, args.processed)
     else:
         local = {}
         for pair in args.local:
             name, sep, path = pair.partition("=")
             if not sep or name not in BENCHMARKS:
-                raise SystemExit(f"--local expects NAME=PATH with NAME in {sorted(BENCHMARKS)}, got {pair!r}")
+                raise InputError(f"--local expects NAME=PATH with NAME in {sorted(BENCHMARKS)}, got {pair!r}")
             local[name] = path
         try:
             rows = build(args.benchmarks, local, shuffle=args.shuffle, seed=args.seed)
@@ -186,4 +213,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main, prog="ood_benchmarks"))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +38,18 @@ from data_preprocess.common import (
     user_message,
     write_rows,
 )
+from exgrpo import cli
+from exgrpo.cli import InputError
 
 DEFAULT_DATASET = "Elliott/Openr1-Math-46k-8192"
 DEFAULT_DATA_SOURCE = "openr1"
 LOCAL_OPTION = "--input FILE [FILE ...]"
 
 
-def convert_record(record: Mapping[str, Any], position: int) -> tuple[dict[str, Any] | None, str]:
-    """One raw record -> (verl row, "") or (None, reason it was dropped)."""
-    where = f"row {position}"
+def convert_record(record: Mapping[str, Any], position: int, where: str | None = None
+                   ) -> tuple[dict[str, Any] | None, str]:
+    """One raw record -> (verl row, "") or (None, reason it was dropped); ``where`` names it in errors."""
+    where = where or f"row {position}"
     if "prompt" in record and "reward_model" in record:  # the 46k processed schema
         reward_model = record["reward_model"]
         answer = clean_answer(reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None)
@@ -68,14 +71,17 @@ def convert_record(record: Mapping[str, Any], position: int) -> tuple[dict[str, 
     return make_row(data_source, question.strip(), answer, split="train"), ""
 
 
-def build_rows(records: Iterable[Mapping[str, Any]], max_rows: int | None = None
-               ) -> tuple[list[dict[str, Any]], Counter]:
-    """Convert, drop unusable rows, remove duplicate questions, cap at ``max_rows``; also return the counts."""
+def build_rows(records: Iterable[Mapping[str, Any]], max_rows: int | None = None,
+               where: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], Counter]:
+    """Convert, drop unusable rows, remove duplicate questions, cap at ``max_rows``; also return the counts.
+
+    ``where[i]`` names record i in errors (its file and row, when the records come from several files).
+    """
     counts: Counter = Counter()
     converted = []
     for position, record in enumerate(records):
         counts["read"] += 1
-        row, reason = convert_record(record, position)
+        row, reason = convert_record(record, position, where[position] if where is not None else None)
         if row is None:
             counts[f"dropped: {reason}"] += 1
         else:
@@ -93,20 +99,33 @@ def build_rows(records: Iterable[Mapping[str, Any]], max_rows: int | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=cli.DEBUG_HELP)
     parser.add_argument("--input", nargs="+", default=[DEFAULT_DATASET],
                         help="hub dataset name, or local .parquet/.jsonl/.json/.csv file(s) read as one set")
     parser.add_argument("--split", default="train", help="hub split")
     parser.add_argument("--output", default="data/openr1.parquet", help=".parquet or .jsonl")
     parser.add_argument("--max_rows", type=int, default=None)
     args = parser.parse_args(argv)
+    if args.max_rows is not None and args.max_rows < 1:
+        raise InputError(f"--max_rows must be >= 1, got {args.max_rows}")
+    records, where = [], []
     try:
-        records = [record for source in args.input
-                   for record in load_records(source, split=args.split, local_option=LOCAL_OPTION)]
+        for source in args.input:
+            loaded = load_records(source, split=args.split, local_option=LOCAL_OPTION)
+            records.extend(loaded)
+            where.extend(f"{source} row {position}" for position in range(len(loaded)))
     except HubUnavailable as exc:
         print(f"openr1: {exc}", file=sys.stderr)
         return 2
-    rows, counts = build_rows(records, args.max_rows)
+    rows, counts = build_rows(records, args.max_rows, where)
+    if not rows:
+        inputs = " ".join(args.input)
+        if not records:
+            raise InputError(f"{inputs}: no records; nothing written to {args.output}")
+        dropped = ", ".join(f"{key.removeprefix('dropped: ')} {value}" for key, value in counts.items()
+                            if key.startswith("dropped") and value)
+        raise InputError(f"{inputs}: all {len(records)} rows dropped ({dropped}); nothing written to {args.output}. "
+                         "A row needs a question and a checkable final answer")
     path = write_rows(rows, args.output)
     print(f"openr1: {' '.join(args.input)} -> {path}")
     for key, value in counts.items():
@@ -115,4 +134,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main, prog="openr1"))

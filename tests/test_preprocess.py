@@ -386,3 +386,121 @@ def test_openr1_reads_several_local_files_as_one_set(tmp_path):
     one = [openr1.build_rows(fixture(name))[0] for name in ("openr1_46k.jsonl", "openr1_220k.jsonl")]
     both = pd.read_parquet(output)
     assert [e["qid"] for e in both["extra_info"]] == [r["extra_info"]["qid"] for rows in one for r in rows]
+
+
+# ----------------------------------------------------------------------------------------------- bad input, as typed
+def run_script(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The preprocessor as a user runs it: `python data_preprocess/<script>.py ...` from another folder."""
+    return subprocess.run([sys.executable, str(REPO / "data_preprocess" / f"{script}.py"), *args],
+                          capture_output=True, text=True, cwd=REPO.parent,
+                          env={**os.environ, "EXGRPO_DEBUG": "", **(env or {})})
+
+
+def _openr1_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Name -> (input file, the one line the command must print for it)."""
+    text = tmp_path / "notes.txt"
+    text.write_text("what is 1+1?\n")
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"problem": "p", "answer": "1"}\n{"problem": "q", answer: 2}\n')
+    columns = tmp_path / "columns.jsonl"
+    columns.write_text('{"question": "q", "solution": "s"}\n')
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    dropped = tmp_path / "dropped.jsonl"
+    dropped.write_text('{"problem": "p", "answer": ""}\n{"problem": "q", "answer": "proof"}\n'
+                       '{"problem": "r", "answer": "1", "question_type": "proof"}\n')
+    missing = tmp_path / "absent.parquet"
+    out = tmp_path / "out" / "train.parquet"
+    return {
+        "txt": (text, f"openr1: error: {text}: unsupported file type '.txt'; give a .parquet, .jsonl, .json or "
+                      ".csv file"),
+        "bad json line": (bad_json, f"openr1: error: {bad_json}:2: invalid JSON (Expecting property name enclosed "
+                                    "in double quotes: line 1 column 18 (char 17)); fix or remove that line"),
+        "wrong columns": (columns, f"openr1: error: {columns} row 0: neither the 46k schema (prompt, reward_model) "
+                                   "nor the 220k schema (problem, answer); fields: ['question', 'solution']"),
+        "empty": (empty, f"openr1: error: {empty}: no records; nothing written to {out}"),
+        "all dropped": (dropped, f"openr1: error: {dropped}: all 3 rows dropped (no usable answer 2, proof question "
+                                 f"1); nothing written to {out}. A row needs a question and a checkable final answer"),
+        "missing": (missing, f"openr1: error: no such data file: {missing} (check the path)"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["txt", "bad json line", "wrong columns", "empty", "all dropped", "missing"])
+def test_openr1_bad_input_is_one_line_exit_2_and_writes_nothing(kind, tmp_path):
+    path, line = _openr1_inputs(tmp_path)[kind]
+    out = tmp_path / "out" / "train.parquet"
+    result = run_script("openr1", "--input", str(path), "--output", str(out))
+    assert (result.returncode, result.stderr, result.stdout) == (2, line + "\n", "")
+    assert not (tmp_path / "out").exists()
+
+
+def test_debug_flag_or_environment_shows_the_traceback(tmp_path):
+    path, _ = _openr1_inputs(tmp_path)["wrong columns"]
+    for extra, env in ((["--debug"], None), ([], {"EXGRPO_DEBUG": "1"})):
+        result = run_script("openr1", "--input", str(path), "--output", str(tmp_path / "o.parquet"), *extra, env=env)
+        assert result.returncode == 1 and "Traceback (most recent call last)" in result.stderr
+        assert result.stderr.rstrip().endswith("fields: ['question', 'solution']\"")
+
+
+def test_preprocessors_refuse_to_write_zero_rows(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    out = tmp_path / "bench.parquet"
+    math = run_script("math_benchmarks", "--benchmarks", "aime24", "--local", f"aime24={empty}", "--output", str(out))
+    assert (math.returncode, math.stderr) == (2, f"math_benchmarks: error: aime24 ({empty}): no rows; a benchmark "
+                                                 "without questions would be missing from every table\n")
+    processed = run_script("ood_benchmarks", "--processed", str(empty), "--output", str(out))
+    assert (processed.returncode, processed.stderr) == (2, f"ood_benchmarks: error: {empty}: no rows; give the "
+                                                           "authors' processed parquet (e.g. math_test.parquet)\n")
+    assert not out.exists()
+    with pytest.raises(ValueError, match=f"no rows to write to {out}; nothing written"):
+        write_rows([], out)
+    assert not out.exists()
+
+
+def test_a_benchmark_preprocessor_given_another_benchmarks_raw_file_says_which_script_it_belongs_to(tmp_path):
+    out = tmp_path / "bench.parquet"
+    arc, math500 = FIXTURES / "arc_c.jsonl", FIXTURES / "math500.jsonl"
+    math = run_script("math_benchmarks", "--benchmarks", "aime24", "--local", f"aime24={arc}", "--output", str(out))
+    assert (math.returncode, math.stderr) == (
+        2, f"math_benchmarks: error: aime24 ({arc}) row 0 is a multiple-choice question (fields: ['answerKey', "
+           "'choices', 'id', 'question']), not a math question: that file belongs to data_preprocess/ood_benchmarks.py\n")
+    ood = run_script("ood_benchmarks", "--benchmarks", "arc_c", "--local", f"arc_c={math500}", "--output", str(out))
+    assert (ood.returncode, ood.stderr) == (
+        2, f"ood_benchmarks: error: arc_c ({math500}) row 0 is a math question (a final answer, no options; fields: "
+           "['answer', 'level', 'problem', 'solution', 'subject', 'unique_id']), not a multiple-choice question: that "
+           "file belongs to data_preprocess/math_benchmarks.py\n")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("script", "name", "line"), [
+    ("math_benchmarks", "arc_c_test.parquet", "holds multiple-choice benchmark rows (data_source arc_c), not math: "
+                                              "import it with data_preprocess/ood_benchmarks.py --processed {path}"),
+    ("math_benchmarks", "gpqa_diamond_test.parquet", "holds multiple-choice benchmark rows (data_source gpqa), not "
+                                                     "math: import it with data_preprocess/ood_benchmarks.py "
+                                                     "--processed {path}"),
+    ("ood_benchmarks", "math_test.parquet", "holds math benchmark rows (data_source aime, aime25, amc, math, minerva, "
+                                            "olympiad_bench), not multiple choice: import it with "
+                                            "data_preprocess/math_benchmarks.py --processed {path}"),
+])
+def test_a_benchmark_preprocessor_given_another_benchmarks_processed_file_says_so(script, name, line, shared_benchmarks,
+                                                                                  tmp_path):
+    path = shared_benchmarks / name
+    result = run_script(script, "--processed", str(path), "--output", str(tmp_path / "bench.parquet"))
+    assert (result.returncode, result.stderr) == (2, f"{script}: error: {path} {line.format(path=path)}\n")
+    assert not (tmp_path / "bench.parquet").exists()
+
+
+def test_reader_errors_name_the_file(tmp_path):
+    not_parquet = tmp_path / "notes.parquet"
+    not_parquet.write_text("not parquet")
+    with pytest.raises(ValueError, match=f"{re.escape(str(not_parquet))}: cannot be read as parquet"):
+        read_local(not_parquet)
+    scalars = tmp_path / "scalars.jsonl"
+    scalars.write_text('{"problem": "p"}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=f"{re.escape(str(scalars))}:2: a JSON list, expected an object"):
+        read_local(scalars)
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ValueError, match=f"{re.escape(str(binary))}: not UTF-8 text"):
+        read_local(binary)
