@@ -27,13 +27,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from exgrpo import reward
+from exgrpo import cli, reward
+from exgrpo.cli import InputError
 
 IN_DISTRIBUTION = ("aime", "aime25", "amc", "math", "minerva", "olympiad_bench")
 OUT_OF_DISTRIBUTION = ("arc_c", "gpqa", "mmlu_pro")
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"generations file {path} does not exist (check the path)")
     records = []
     with Path(path).open(encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, 1):
@@ -47,6 +50,34 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 raise ValueError(f"{path}:{line_no}: expected a JSON object")
             records.append(record)
     return records
+
+
+DATA_COLUMNS = ("data_source", "prompt", "reward_model")
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a benchmark parquet, refused with the file named when it is missing, unreadable, empty or foreign.
+
+    Grading takes minutes: every file is read and checked first, so a typo in the last path fails at once, and
+    a 0-row file cannot pass a check it never ran.
+    """
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {path} does not exist (check the path)")
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors do not name the file
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise InputError(f"data file {path} is not a parquet file ({detail[:200]})") from exc
+    if len(frame) == 0:
+        raise InputError(f"data file {path} has no rows: nothing to grade (rebuild it with data_preprocess/)")
+    missing = [column for column in DATA_COLUMNS if column not in frame.columns]
+    if missing:
+        raise InputError(f"data file {path} lacks column(s) {missing} (has {sorted(frame.columns)}); give a benchmark "
+                         "file written by data_preprocess/math_benchmarks.py or ood_benchmarks.py")
+    return frame.to_dict(orient="records")
 
 
 def questions_by_qid(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
@@ -150,9 +181,7 @@ def generate(model: str, data: str, output: str, *, temperature: float = 0.6, to
     except ImportError as exc:
         raise SystemExit("generation needs vLLM on a GPU machine (`pip install -e .[gpu]`); vllm is not "
                          f"importable here ({exc}). Score existing generations with `score` instead.") from exc
-    import pandas as pd
-
-    rows = pd.read_parquet(data).to_dict(orient="records")
+    rows = read_rows(data)
     llm = LLM(model=model, tensor_parallel_size=tensor_parallel_size, seed=seed)
     tokenizer = llm.get_tokenizer()
     prompts = [tokenizer.apply_chat_template([dict(turn) for turn in row["prompt"]], tokenize=False,
@@ -173,11 +202,14 @@ def generate(model: str, data: str, output: str, *, temperature: float = 0.6, to
 def score_files(data: Sequence[str], generations: Sequence[str], out_dir: str, workers: int = 8,
                 **reward_kwargs: Any) -> dict[str, Any]:
     """Grade generation files against benchmark files and write the tables; returns the summary."""
-    import pandas as pd
-
-    rows = [row for path in data for row in pd.read_parquet(path).to_dict(orient="records")]
+    rows = [row for path in data for row in read_rows(path)]
     questions = questions_by_qid(rows)
-    records = [record for path in generations for record in read_jsonl(path)]
+    records = []
+    for path in generations:
+        found = read_jsonl(path)
+        if not found:
+            raise InputError(f"generations file {path} has no lines: nothing to score")
+        records.extend(found)
     scored = score_generations(resolve(records, questions), workers=workers, **reward_kwargs)
     summary = summarize(scored)
     out = Path(out_dir)
@@ -242,12 +274,13 @@ def self_check(rows: Sequence[Mapping[str, Any]], *, workers: int = 8, **reward_
                                  "answer": gold if kind == "correct" else perturb_answer(gold, data_source)})
         failed_rows += len(unique[keys[i]]) if row_failed else 0
     n_rows = sum(len(v) for v in unique.values())
+    # No rows checked is no evidence: a pass rate of 0 keeps an empty file from passing any threshold.
     return {"rows": n_rows, "questions": len(keys), "failed_rows": failed_rows,
-            "pass_rate": 1.0 - failed_rows / n_rows if n_rows else 1.0, "failures": failures}
+            "pass_rate": 1.0 - failed_rows / n_rows if n_rows else 0.0, "failures": failures}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=cli.DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="sample responses with vLLM (GPU)")
     gen.add_argument("--model", required=True)
@@ -271,11 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--output", default=None, help="write the full report (json) here")
     args = parser.parse_args(argv)
     if args.command == "selfcheck":
-        import pandas as pd
-
         report = {}
-        for path in args.data:
-            rows = pd.read_parquet(path).to_dict(orient="records")
+        all_rows = {path: read_rows(path) for path in args.data}
+        for path, rows in all_rows.items():
             start = time.perf_counter()
             report[path] = self_check(rows, workers=args.workers, timeout_s=args.timeout_s)
             result = report[path]
@@ -299,4 +330,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main, prog="exgrpo.evaluate"))

@@ -36,13 +36,13 @@ import argparse
 import json
 import math
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from exgrpo import cli
 from exgrpo.pool import ExperiencePool
 from exgrpo.sampling import bucket_probabilities
 
@@ -420,7 +420,12 @@ def write_outputs(report: Mapping[str, Any], out_dir: str | Path) -> tuple[Path,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """The command line; bad input is one line naming the file and exit status 2 (:func:`exgrpo.cli.run`)."""
+    return cli.run(_main, argv, prog="inspect_pool")
+
+
+def _main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=cli.DEBUG_HELP)
     parser.add_argument("path", help="an exgrpo_pool.npz (checkpoint global_step_N/ or the CPU runner's output_dir)")
     parser.add_argument("--tokenizer", default=None, metavar="MODEL_DIR",
                         help="Hugging Face folder to decode stored trajectories (e.g. global_step_N/actor/huggingface)")
@@ -432,14 +437,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--step", type=int, default=None, help="reference step for ages (default: see module doc)")
     parser.add_argument("--max_chars", type=int, default=300, help="characters of text shown per line")
     args = parser.parse_args(argv)
-    try:
-        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
-        questions = load_questions(args.data) if args.data else None
-        report = inspect(args.path, top=args.top, tokenizer=tokenizer, questions=questions, step=args.step)
-        json_path, png_path = write_outputs(report, args.out or Path(args.path).parent)
-    except (FileNotFoundError, ValueError) as err:
-        print("inspect_pool: error: " + " ".join(str(err).split()), file=sys.stderr)  # one line, whatever numpy says
-        return 2
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    questions = load_questions(args.data) if args.data else None
+    report = inspect(args.path, top=args.top, tokenizer=tokenizer, questions=questions, step=args.step)
+    json_path, png_path = write_outputs(report, args.out or Path(args.path).parent)
     print(format_report(report, args.max_chars))
     print(f"figures: {png_path}  {json_path}")
     return 0

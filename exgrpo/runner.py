@@ -30,8 +30,10 @@ import pandas as pd
 import torch
 import yaml
 
+from exgrpo import cli
 from exgrpo import tiny_model as tm
 from exgrpo.advantage import grpo_advantages
+from exgrpo.cli import InputError
 from exgrpo.config import ExGRPOConfig
 from exgrpo.objective import aggregate_loss, exgrpo_policy_loss
 from exgrpo.pool import ExperiencePool, Trajectory, bucket_metric_prefix
@@ -41,10 +43,30 @@ REWARDS = ("exgrpo", "local", "graded")
 
 
 # ----------------------------------------------------------------------------------------------- config
+_ANNOTATION_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,),
+                                                  "bool": (bool,), "None": (type(None),)}
+
+
+def _check_types(cls: type, values: dict[str, Any], section: str) -> None:
+    """A value of the wrong type (``trainer.steps=abc``) is named here; the dataclass would fail on a comparison."""
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for name, value in values.items():
+        if name not in known:
+            continue
+        allowed = [_ANNOTATION_TYPES.get(part.strip()) for part in str(known[name].type).split("|")]
+        if None in allowed:  # an annotation this check does not know: leave it to the dataclass
+            continue
+        types = tuple(t for group in allowed for t in group)
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            raise ValueError(f"{section}.{name}={value!r}: must be {known[name].type}")
+
+
 def _from_dict(cls: type, values: dict[str, Any], section: str) -> Any:
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+    known = sorted(f.name for f in dataclasses.fields(cls))
+    unknown = sorted(set(values) - set(known))
     if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in section '{section}'")
+        raise ValueError(f"unknown key(s) {unknown} in section '{section}'; known: {known}")
+    _check_types(cls, values, section)
     return cls(**values)
 
 
@@ -129,17 +151,42 @@ class RunConfig:
         return {name: dataclasses.asdict(getattr(self, name)) for name in ("exgrpo", "model", "data", "trainer")}
 
 
+_EXPONENT_FLOAT_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # 1e-4: a string to yaml 1.1
+
+
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
-    """yaml file plus ``section.key=value`` overrides (values parsed as yaml: 0.25, true, null)."""
-    values: dict[str, Any] = yaml.safe_load(Path(path).read_text()) if path else {}
-    values = values or {}
+    """yaml file plus ``section.key=value`` overrides (values parsed as yaml: 0.25, true, null).
+
+    An override such as ``trainer.lr=1e-4`` is a number, although yaml 1.1 reads ``1e-4`` as a string.
+    """
+    values: dict[str, Any] = {}
+    if path:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"config file {path} does not exist (check --config)")
+        try:
+            values = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise InputError(f"config file {path} is not valid yaml: {' '.join(str(exc).split())}") from exc
+        if not isinstance(values, dict):
+            raise InputError(f"config file {path} must hold sections (exgrpo:, model:, data:, trainer:), "
+                             f"not a {type(values).__name__}")
     for item in overrides:
         key, sep, raw = item.partition("=")
         parts = key.split(".")
         if not sep or len(parts) != 2:
             raise ValueError(f"override {item!r} must look like section.key=value")
-        values.setdefault(parts[0], {})
-        values[parts[0]] = dict(values[parts[0]] or {}) | {parts[1]: yaml.safe_load(raw)}
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise InputError(f"override {item!r}: the value is not valid yaml; quote text as key='...'") from exc
+        if isinstance(value, str) and _EXPONENT_FLOAT_RE.fullmatch(raw.strip()):
+            value = float(value)
+        section = values.setdefault(parts[0], {}) or {}
+        if not isinstance(section, dict):
+            raise InputError(f"override {item!r}: '{parts[0]}' in the config is not a section of keys")
+        values[parts[0]] = dict(section) | {parts[1]: value}
+    if isinstance(values.get("model"), dict):
+        _check_types(tm.TinyModelConfig, values["model"], "model")
     return RunConfig.from_dict(values)
 
 
@@ -570,14 +617,15 @@ def format_summary(s: dict[str, Any]) -> str:
     ])
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="ExGRPO on a CPU with a tiny model")
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="ExGRPO on a CPU with a tiny model", epilog=cli.DEBUG_HELP)
     parser.add_argument("--config", default=str(Path(__file__).parent / "configs" / "cpu_tiny.yaml"))
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. trainer.steps=20 exgrpo.enable=false")
     args = parser.parse_args(argv)
     summary = train(load_config(args.config, args.overrides))
     print(format_summary(summary))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli.run(main, prog="exgrpo.runner"))

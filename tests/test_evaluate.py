@@ -119,3 +119,56 @@ def test_eval_script_guards(tmp_path):
     # without vllm it stops before generating and points at the CPU scoring command
     assert run.returncode == 3 and "vllm is not importable" in run.stderr and "exgrpo.evaluate score" in run.stderr
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------------------------- bad input, as typed
+def _evaluate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "exgrpo.evaluate", *args], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "EXGRPO_DEBUG": ""})
+
+
+def test_selfcheck_on_a_zero_row_file_fails_instead_of_passing(tmp_path):
+    import pandas as pd
+
+    no_columns, with_columns = tmp_path / "zero.parquet", tmp_path / "zero_rows.parquet"
+    pd.DataFrame().to_parquet(no_columns)  # what a preprocessor wrote for an empty input before it refused to
+    pd.DataFrame({"data_source": [], "prompt": [], "reward_model": []}).to_parquet(with_columns)
+    for path in (no_columns, with_columns):
+        result = _evaluate("selfcheck", "--data", str(path))
+        assert (result.returncode, result.stdout) == (2, "")
+        assert result.stderr == (f"exgrpo.evaluate: error: data file {path} has no rows: nothing to grade (rebuild it "
+                                 "with data_preprocess/)\n")
+    assert evaluate.self_check([])["pass_rate"] == 0.0
+
+
+def test_missing_or_foreign_files_are_one_line_before_any_grading(tmp_path, capsys, monkeypatch):
+    import pandas as pd
+
+    from exgrpo import cli
+
+    missing = tmp_path / "absent.parquet"
+    result = _evaluate("selfcheck", "--data", str(missing))
+    assert (result.returncode, result.stderr) == (2, f"exgrpo.evaluate: error: data file {missing} does not exist "
+                                                     "(check the path)\n")
+    monkeypatch.delenv("EXGRPO_DEBUG", raising=False)
+    monkeypatch.setattr(evaluate, "self_check", lambda *a, **k: pytest.fail("graded before every file was checked"))
+    good = FIXTURES / "processed_math.jsonl"
+    rows = tmp_path / "bench.parquet"
+    pd.DataFrame(evaluate.read_jsonl(good)).to_parquet(rows)
+    foreign, text = tmp_path / "foreign.parquet", tmp_path / "notes.parquet"
+    pd.DataFrame({"question": ["q"]}).to_parquet(foreign)
+    text.write_text("not parquet")
+    cases = [(["selfcheck", "--data", str(rows), str(foreign)],
+              f"data file {foreign} lacks column(s) ['data_source', 'prompt', 'reward_model'] (has ['question']); "
+              "give a benchmark file written by data_preprocess/math_benchmarks.py or ood_benchmarks.py"),
+             (["selfcheck", "--data", str(rows), str(text)], f"data file {text} is not a parquet file"),
+             (["score", "--generations", str(tmp_path / "g.jsonl"), "--out_dir", str(tmp_path / "out")],
+              f"generations file {tmp_path / 'g.jsonl'} does not exist (check the path)")]
+    for argv, line in cases:
+        assert cli.run(evaluate.main, argv, prog="exgrpo.evaluate") == 2
+        assert capsys.readouterr().err.startswith(f"exgrpo.evaluate: error: {line}")
+    (tmp_path / "g.jsonl").write_text("\n")
+    assert cli.run(evaluate.main, cases[-1][0], prog="exgrpo.evaluate") == 2
+    assert capsys.readouterr().err == f"exgrpo.evaluate: error: generations file {tmp_path / 'g.jsonl'} has no lines: " \
+                                      "nothing to score\n"
+    assert not (tmp_path / "out").exists()

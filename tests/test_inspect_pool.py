@@ -325,3 +325,14 @@ def test_a_pool_saved_before_rewards_were_kept_shows_them_as_unknown(continuous_
     assert all(t["reward"] is None for q in r["top"] for t in q["trajectories"])
     assert main([str(continuous_file)]) == 0
     assert "stored rewards: none known (4 unknown: saved before rewards were kept)" in capsys.readouterr().out
+
+
+def test_debug_flag_or_environment_shows_the_traceback_of_a_bad_file(tmp_path, monkeypatch, capsys):
+    missing = tmp_path / "absent.npz"
+    monkeypatch.delenv("EXGRPO_DEBUG", raising=False)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        main([str(missing), "--debug"])
+    monkeypatch.setenv("EXGRPO_DEBUG", "1")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        main([str(missing)])
+    assert capsys.readouterr().err == ""

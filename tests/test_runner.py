@@ -354,3 +354,55 @@ def test_plot_labels_the_difficulty_proxy_it_shows(tmp_path, monkeypatch, reward
         assert legend == ["test (greedy)", "fresh mean reward, normalised (T=1)",
                           "fresh rollouts at the maximum reward"]
     assert len(fig.axes[2].collections) == 2  # one band per bucket key of the right prefix
+
+
+# ----------------------------------------------------------------------------------------------- bad input, as typed
+@pytest.mark.parametrize(("overrides", "line"), [
+    (["exgrpo.rho=2"], "ExGRPOConfig.rho=2: must lie in [0, 1]"),
+    (["exgrpo.beta=0"], "ExGRPOConfig.beta=0: must be > 0"),
+    (["exgrpo.n_rollouts=1"], "ExGRPOConfig.n_rollouts=1: K must be >= 2 (GRPO needs a group)"),
+    (["trainer.steps=0"], "trainer.steps must be >= 1, got 0"),
+    (["trainer.steps=abc"], "trainer.steps='abc': must be int"),
+    (["model.hidden_size=1.5"], "model.hidden_size=1.5: must be int"),
+    (["trainer.stepz=3"], "unknown key(s) ['stepz'] in section 'trainer'; known: ['batch_size', 'clip_ratio', "
+                          "'entropy_coeff', 'eval_every', 'fresh_question_budget', 'grad_clip', 'loss_agg_mode', "
+                          "'lr', 'model_cache', 'norm_adv_by_std', 'output_dir', 'plot', 'progress', 'reward', "
+                          "'seed', 'steps', 'temperature', 'threads', 'weight_decay']"),
+    (["trainer.steps=["], "override 'trainer.steps=[': the value is not valid yaml; quote text as key='...'"),
+    (["--config", "absent.yaml"], "config file absent.yaml does not exist (check --config)"),
+])
+def test_bad_config_is_one_line_and_exit_2_before_training(overrides, line, monkeypatch, capsys):
+    from exgrpo import cli, runner
+
+    monkeypatch.delenv("EXGRPO_DEBUG", raising=False)
+    monkeypatch.setattr(runner, "train", lambda cfg: pytest.fail("training started on a bad config"))
+    assert cli.run(runner.main, overrides, prog="exgrpo.runner") == 2
+    assert capsys.readouterr().err == f"exgrpo.runner: error: {line}\n"
+
+
+def test_the_runner_command_prints_one_line_and_debug_the_traceback(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "EXGRPO_DEBUG": ""}
+    command = [sys.executable, "-m", "exgrpo.runner", "exgrpo.rho=2"]
+    plain = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert (plain.returncode, plain.stderr, plain.stdout) == (2, "exgrpo.runner: error: ExGRPOConfig.rho=2: must lie "
+                                                                 "in [0, 1]\n", "")
+    debug = subprocess.run([*command, "--debug"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.rstrip().endswith("ValueError: ExGRPOConfig.rho=2: must lie in [0, 1]")
+
+
+def test_config_file_errors_name_the_file_and_exponent_overrides_are_numbers(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("trainer:\n  steps: [1\n")
+    with pytest.raises(ValueError, match=f"config file {broken} is not valid yaml"):
+        load_config(broken)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n")
+    with pytest.raises(ValueError, match=r"must hold sections \(exgrpo:, model:, data:, trainer:\), not a list"):
+        load_config(listed)
+    cfg = load_config(CONFIG, ["trainer.lr=1e-4", "exgrpo.beta=2E-2", "data.train_file='1e5'"])
+    assert (cfg.trainer.lr, cfg.exgrpo.beta, cfg.data.train_file) == (1e-4, 0.02, "1e5")
