@@ -640,22 +640,31 @@ class ExperiencePool:
         return digest.hexdigest()
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the state to ``path`` atomically (temp file + rename): a crash never leaves half a file."""
+        """Write the state to ``path`` atomically and durably: a crash never leaves half a file under its name.
+
+        The temporary file (``<name><random>.tmp`` beside it) is fsync'ed before the rename, and the folder after:
+        without the first, a power loss can leave the renamed file empty (the rename reaches the disk before the
+        data); without the second, the rename itself can be lost. A hard kill before the rename leaves the
+        temporary file behind: :func:`remove_stale_temporaries` removes it.
+        """
         state = self.state_dict()
         arrays = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
         meta = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=TEMPORARY_SUFFIX)
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, **arrays)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+        _fsync_folder(path.parent)
 
     @classmethod
     def load(cls, path: str | os.PathLike, config: ExGRPOConfig | None = None) -> ExperiencePool:
@@ -677,3 +686,46 @@ class ExperiencePool:
             raise ValueError(f"experience pool file {path}: {err}") from err
         return pool
 
+
+# ----------------------------------------------------------------------------------------------- durability
+TEMPORARY_SUFFIX = ".tmp"
+TEMPORARY_PREFIX = "exgrpo_"  # the files this project writes atomically: exgrpo_pool.npz, exgrpo_pending_fresh.json
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename inside ``folder`` durable (POSIX: the directory entry is flushed only by fsync of the folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a platform that cannot open folders (Windows) has no folder fsync to do
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on a directory: the file itself is already on disk
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, prefix: str = TEMPORARY_PREFIX) -> list[Path]:
+    """Remove the temporary files that saves killed before their rename left in ``folder``; return them.
+
+    An atomic save writes ``<name><random>.tmp`` and renames it; a hard kill (SIGKILL, OOM, node loss) in between
+    leaves the temporary file, which nothing reads and nothing else removes, in every checkpoint folder it hit.
+    Only files named ``<prefix>...<TEMPORARY_SUFFIX>`` go (default: the pool's and the recipe's pending-question
+    file's temporaries), never the saved files themselves. Call it when no save into ``folder`` is running, e.g.
+    at start-up and when pruning old checkpoints; a missing folder has nothing to remove.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.glob(f"{prefix}*{TEMPORARY_SUFFIX}")):
+        if path.is_file() and not path.is_symlink():
+            try:
+                path.unlink()
+            except FileNotFoundError:  # removed meanwhile by someone else: what we wanted
+                continue
+            removed.append(path)
+    if removed:
+        logger.info("removed %d stale temporary file(s) of interrupted saves in %s", len(removed), folder)
+    return removed

@@ -1,5 +1,6 @@
 import tracemalloc
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -489,3 +490,80 @@ def test_retire_if_solved_and_continuous_rewards_count_the_same_streak():
     assert cont.update("x", *group([1.0, 1.0, 1.0]), step=2) == "ignored"  # zero spread below max: streak reset
     assert cont.update("x", *group([2.0, 2.0, 2.0]), step=3) == "solved"
     assert cont.update("x", *group([2.0, 2.0, 2.0]), step=4) == "retired"
+
+
+# ----------------------------------------------------------------------------------------------- durable saves
+def _small_pool() -> ExperiencePool:
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4), seed=1)
+    pool.update("q0", *group([1, 0, 0, 1]), step=1)
+    return pool
+
+
+def test_save_fsyncs_the_file_before_the_rename_and_the_folder_after_it(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append("fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(f"rename {Path(src).suffix} -> {Path(dst).name}")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    _small_pool().save(tmp_path / "exgrpo_pool.npz")
+    assert events == ["fsync file", "rename .tmp -> exgrpo_pool.npz", "fsync folder"]
+
+
+def test_a_save_leaves_no_temporary_file_and_a_failed_one_removes_its_own(tmp_path, monkeypatch):
+    import os
+
+    path = tmp_path / "exgrpo_pool.npz"
+    _small_pool().save(path)
+    _small_pool().save(path)  # over an existing file too
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exgrpo_pool.npz"]
+
+    def refuse(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(OSError, match="disk full"):
+        _small_pool().save(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exgrpo_pool.npz"]
+
+
+def test_remove_stale_temporaries_removes_what_a_killed_save_left_and_nothing_else(tmp_path):
+    import subprocess
+    import sys
+
+    from exgrpo.pool import remove_stale_temporaries
+
+    folder = tmp_path / "global_step_4"
+    path = folder / "exgrpo_pool.npz"
+    _small_pool().save(path)
+    # A hard kill between writing and renaming: the process dies without running any cleanup.
+    killed = ("import os, sys\nfrom exgrpo.config import ExGRPOConfig\nfrom exgrpo.pool import ExperiencePool\n"
+              "os.replace = lambda src, dst: os._exit(9)\n"
+              "ExperiencePool(ExGRPOConfig(n_rollouts=4)).save(sys.argv[1])\n")
+    result = subprocess.run([sys.executable, "-c", killed, str(path)], cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 9
+    left = sorted(p for p in folder.iterdir() if p.suffix == ".tmp")
+    assert len(left) == 1 and left[0].name.startswith("exgrpo_pool.npz")
+    pending = folder / "exgrpo_pending_fresh.jsonab12cd.tmp"  # the recipe's other atomically written file
+    pending.write_text("{")
+    keep = [folder / "notes.tmp", folder / "model.safetensors", folder / "exgrpo_pending_fresh.json"]
+    for other in keep:
+        other.write_text("x")
+    (folder / "exgrpo_dir.tmp").mkdir()
+
+    assert remove_stale_temporaries(folder) == sorted([left[0], pending])
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["exgrpo_pool.npz", "exgrpo_dir.tmp", *[
+        p.name for p in keep]])
+    assert ExperiencePool.load(path).stats() == _small_pool().stats()  # the saved pool is untouched
+    assert remove_stale_temporaries(folder) == []
+    assert remove_stale_temporaries(tmp_path / "absent") == []
