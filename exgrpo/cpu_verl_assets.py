@@ -1,14 +1,21 @@
-"""The task and model that ``run_scripts/cpu_verl_exgrpo.sh`` trains with the real verl recipe on a CPU.
+"""The task and model that the CPU twins of the run scripts train with the real verl recipe on a CPU.
 
 verl loads a model folder and parquet files by path; on a machine without hub access both are built here, once,
 and reused: the synthetic arithmetic task in verl's parquet layout (``data_preprocess/synthetic.py``) with a
-small validation split, and a tiny Qwen2 that vLLM's CPU backend can serve (head size 32, one vocabulary entry
-per token id, byte-level space and newline) warm-started until about half of its greedy answers are right. At
-temperature 1 its rollouts are then mixed (0 < k < K correct in many groups) and their accuracy crosses the
-delayed-start threshold within the first steps, so replay starts through the real rule.
+small validation split, and a tiny Qwen2 that vLLM's CPU backend can serve (head size 32, a byte-level vocabulary
+with the chat formats' control tokens) warm-started on the prompts of the chat template the script uses, answering
+in the thought-then-answer form (``23+58=81</think>\\boxed{81}``), until about half of its greedy answers are right.
+At temperature 1 its rollouts are then mixed (0 < k < K correct in many groups), also under the authors' strict
+grading, and their accuracy crosses the delayed-start threshold within the first steps, so replay starts through
+the real rule.
 
-``python -m exgrpo.cpu_verl_assets --root cache/verl_cpu`` prints shell assignments for the run script
-(``MODEL_PATH=...``, ``TRAIN_FILE=...``, ``VAL_FILE=...``); progress goes to stderr.
+Every question is written at one width (left-filled with spaces, ``"Q: 3+4="`` beside ``"Q:23+58="``), so every
+prompt a template renders has the same number of tokens: verl and vLLM then pass them unpadded, exactly as the warm
+start saw them.
+
+``python -m exgrpo.cpu_verl_assets --root cache/verl_cpu [--chat-template FILE]`` prints shell assignments for the
+launcher (``MODEL_PATH=...``, ``TRAIN_FILE=...``, ``VAL_FILE=...``, ``MAX_PROMPT_LENGTH=...``,
+``MAX_RESPONSE_LENGTH=...``); progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -28,34 +35,61 @@ from exgrpo import tiny_model as tm
 N_TRAIN_PER_LEVEL = 1500
 N_VAL_PER_LEVEL = 16
 WARM_START_TARGET_ACC = 0.6
+QUESTION_WIDTH = 8  # "Q:23+58=", the longest question
 
 
-def model_config(seed: int = 0, warm_start_target_acc: float = WARM_START_TARGET_ACC) -> tm.TinyModelConfig:
-    """The embedded runner's tiny Qwen2, in its vLLM-compatible form, warm-started to a higher target."""
-    return tm.TinyModelConfig(vllm_compatible=True, warm_start_target_acc=warm_start_target_acc, seed=seed)
+def fixed_width(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows with each user message left-filled with spaces to QUESTION_WIDTH characters."""
+    frame = frame.copy()
+    frame["prompt"] = [[{**m, "content": m["content"].rjust(QUESTION_WIDTH)} for m in chat] for chat in frame["prompt"]]
+    return frame
+
+
+def render_prompts(tokenizer, chats: Sequence, chat_template: str | None) -> list[str]:
+    """The prompt texts verl hands the model: each chat through ``chat_template`` (None: the model's own)."""
+    return [tokenizer.apply_chat_template(list(chat), chat_template=chat_template, tokenize=False,
+                                          add_generation_prompt=True) for chat in chats]
+
+
+def prompt_width(tokenizer, prompts: Sequence[str]) -> int:
+    """The one token length of all ``prompts``; prompts of different lengths would need padding the model never saw."""
+    lengths = {len(tokenizer.encode(p, add_special_tokens=False)) for p in prompts}
+    if len(lengths) != 1:
+        raise ValueError(f"rendered prompts have {len(lengths)} different token lengths ({sorted(lengths)[:5]}...): "
+                         "the chat template must not depend on anything but the fixed-width question")
+    return lengths.pop()
 
 
 def build(root: str | Path, seed: int = 0, warm_start_target_acc: float = WARM_START_TARGET_ACC,
-          progress: bool = True) -> dict[str, Path]:
-    """Write (or reuse) ``root/data/{train,val}.parquet`` and the warm-started model under ``root/models``."""
+          chat_template: str | None = None, data_only: bool = False, progress: bool = True) -> dict[str, object]:
+    """Write (or reuse) ``root/task/{train,val}.parquet`` and the model warm-started on ``chat_template``'s prompts.
+
+    One model per rendered prompt form: a template that renders the model's own prompts (qwen_think.jinja) reuses
+    its warm start. ``data_only`` skips the model (a run that brings its own).
+    """
     from data_preprocess.synthetic import build_splits
 
     root = Path(root)
-    data = root / "data"
+    data = root / "task"
     train_file, val_file = data / "train.parquet", data / "val.parquet"
     if not (train_file.exists() and val_file.exists()):
         data.mkdir(parents=True, exist_ok=True)
         train, val = build_splits(N_TRAIN_PER_LEVEL, N_VAL_PER_LEVEL, seed)
         for frame, path in ((train, train_file), (val, val_file)):
-            frame.to_parquet(path.with_suffix(".tmp"), index=False)
+            fixed_width(frame).to_parquet(path.with_suffix(".tmp"), index=False)
             path.with_suffix(".tmp").replace(path)
-    cfg = model_config(seed, warm_start_target_acc)
-    tokenizer = tm.build_tokenizer(cfg.vllm_compatible, cfg.prompt_width)
+    out: dict[str, object] = {"TRAIN_FILE": train_file.resolve(), "VAL_FILE": val_file.resolve()}
+    if data_only:
+        return out
+    tokenizer = tm.build_tokenizer(vllm_compatible=True)
     frame = pd.read_parquet(train_file)
-    prompts = [tm.prompt_text(tokenizer, list(chat)) for chat in frame["prompt"]]
+    prompts = render_prompts(tokenizer, frame["prompt"], chat_template)
     answers = [str(rm["ground_truth"]) for rm in frame["reward_model"]]
+    cfg = tm.TinyModelConfig(vllm_compatible=True, thought_then_answer=True, prompt_width=prompt_width(tokenizer, prompts),
+                             warm_start_target_acc=warm_start_target_acc, seed=seed)
     _, _, model_path = tm.load_or_build(root / "models", prompts, answers, cfg, progress=progress)
-    return {"MODEL_PATH": model_path.resolve(), "TRAIN_FILE": train_file.resolve(), "VAL_FILE": val_file.resolve()}
+    return {"MODEL_PATH": model_path.resolve(), **out, "MAX_PROMPT_LENGTH": cfg.prompt_width,
+            "MAX_RESPONSE_LENGTH": cfg.max_response_tokens}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -63,16 +97,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--root", default="cache/verl_cpu", help="folder for the data and the model cache")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warm-start-target-acc", type=float, default=WARM_START_TARGET_ACC)
+    parser.add_argument("--chat-template", default=None,
+                        help="Jinja file the run passes as custom_chat_template (default: the model's own, ChatML)")
+    parser.add_argument("--data-only", action="store_true", help="only the task files (the run brings a model)")
     args = parser.parse_args(argv)
+    template = Path(args.chat_template).read_text() if args.chat_template else None
     stdout = sys.stdout
     sys.stdout = sys.stderr  # progress bars and library output must not end up in the assignments
     try:
-        print(f"[cpu_verl_assets] synthetic task and tiny model under {args.root} (built once, ~2 min)")
-        paths = build(args.root, args.seed, args.warm_start_target_acc)
+        print(f"[cpu_verl_assets] synthetic task and tiny model under {args.root} (built once, ~3 min)")
+        values = build(args.root, args.seed, args.warm_start_target_acc, template, args.data_only)
     finally:
         sys.stdout = stdout
-    for name, path in paths.items():
-        print(f"{name}={shlex.quote(str(path))}")
+    for name, value in values.items():
+        print(f"{name}={shlex.quote(str(value))}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,11 @@ Everything is built locally (no hub access), so a newcomer can run the real algo
 tokenizer has one token per character; prompts are left-padded to a fixed width, so every sequence is
 ``prompt (fixed width) + response`` and no attention mask or position shift is needed anywhere: pads are
 ordinary tokens the model learns to ignore, and right padding after EOS cannot affect earlier positions.
+
+The same model in its vLLM-servable form (``TinyModelConfig.vllm_compatible``) is what the verl CPU twins of the
+GPU scripts train: a byte-level vocabulary that reads any prompt a chat template renders, the chat formats' control
+tokens as single tokens, and answers in the thought-then-answer form (``23+58=81</think>\\boxed{81}``) that the
+authors' strict grading asks for.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -18,17 +24,26 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 CHARS = "0123456789+-=Q: \\boxed{}"
-# transformers (5.x) loads the tokenizer of any model_type=qwen2 folder as its byte-level Qwen2Tokenizer, and so do
-# verl and vLLM: space and newline arrive as these byte-level symbols (verl's agent loop needs "\n" to be one token).
-# Every other character above is its own byte-level symbol.
-BYTE_LEVEL_SPACE, BYTE_LEVEL_NEWLINE = "\u0120", "\u010a"
 # Concatenates the messages' contents, so verl's RLHFDataset (apply_chat_template) sees the same prompt text.
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+THINK_END = "</think>"
+# The vLLM-servable model's own chat template: ChatML with the answer opened by <think>, the prompt of the Qwen paper
+# scripts (run_scripts/chat_templates/qwen_think.jinja renders the same text), so the recipe's CPU job and their twins
+# share one warm start.
+CHATML_THINK_TEMPLATE = (
+    '{%- for message in messages %}{{- "<|im_start|>" + message["role"] + "\\n" + message["content"] + "<|im_end|>\\n" }}'
+    '{%- endfor %}{%- if add_generation_prompt %}{{- "<|im_start|>assistant\\n<think>\\n" }}{%- endif %}'
+)
+# Control tokens of the chat formats the GPU scripts use (ChatML, Llama 3): one token each, never in a response.
+CHAT_CONTROL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+# One token each too, but ordinary text: verl decodes responses without special tokens and the strict grading
+# looks for "</think>" in that text.
+THINK_TOKENS = ("<think>", THINK_END)
 # transformers renamed the KV-cache argument and output field from past_key_values to cache (5.2x deprecates the
 # old name, 5.40 removes it); use whichever this installation's Qwen2 takes.
 CACHE_ARG = "cache" if "cache" in inspect.signature(Qwen2ForCausalLM.forward).parameters else "past_key_values"
@@ -57,11 +72,15 @@ class TinyModelConfig:
     warm_start_target_acc: float | None = 0.3
     warm_start_check_every: int = 25
     seed: int = 0
-    # A model folder that verl and vLLM serve exactly as it was trained (the verl CPU job): a byte-level vocabulary
-    # (transformers' Qwen2 tokenizer, which they use, then gives the same ids), and prompts left-filled with spaces
-    # to prompt_width by the chat template itself, so the rollout engine sees the warm start's fixed-width prompts
-    # without pad tokens or an attention mask (unpadded prompts cut this model's accuracy ~10x).
+    # A model folder that verl and vLLM serve exactly as it was trained (the verl CPU jobs): a byte-level vocabulary
+    # (transformers' Qwen2 tokenizer, which they use, then gives the same ids). Its prompts are rendered by a chat
+    # template from questions of one width, so all have prompt_width tokens: the rollout engine and the trainer see
+    # the warm start's prompts without pad tokens or a position shift (unpadded prompts of another length cut this
+    # model's accuracy ~10x).
     vllm_compatible: bool = False
+    # Targets close a thought with </think> before the box ("23+58=81</think>\\boxed{81}"): the form the authors'
+    # strict grading (the paper scripts) accepts.
+    thought_then_answer: bool = False
 
     @classmethod
     def from_dict(cls, values: dict) -> TinyModelConfig:
@@ -85,12 +104,13 @@ class TinyModelConfig:
         return cfg
 
 
-def build_tokenizer(vllm_compatible: bool = False, prompt_width: int = 10) -> PreTrainedTokenizerFast:
-    """One token per character; with ``vllm_compatible`` the byte-level form of it (see TinyModelConfig)."""
-    if vllm_compatible:
-        chars = CHARS.replace(" ", BYTE_LEVEL_SPACE) + BYTE_LEVEL_NEWLINE
-    else:
-        chars = CHARS
+def build_tokenizer(vllm_compatible: bool = False) -> PreTrainedTokenizerFast:
+    """One token per character; with ``vllm_compatible`` one per byte-level symbol plus the chat control tokens.
+
+    The byte-level form is what transformers loads for any ``model_type=qwen2`` folder (its Qwen2Tokenizer, used
+    by verl and vLLM): with every byte symbol in the vocabulary and no merges it gives these same ids.
+    """
+    chars = "".join(sorted(pre_tokenizers.ByteLevel.alphabet())) if vllm_compatible else CHARS
     vocab = {PAD: 0, EOS: 1, UNK: 2} | {c: i + 3 for i, c in enumerate(chars)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     split = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -103,12 +123,11 @@ def build_tokenizer(vllm_compatible: bool = False, prompt_width: int = 10) -> Pr
         core.pre_tokenizer = split
         core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK)
-    tok.chat_template = (
-        "{% for message in messages %}{{ ' ' * (" + str(prompt_width) + " - message['content'] | length) }}"
-        "{{ message['content'] }}{% endfor %}"
-        if vllm_compatible
-        else CHAT_TEMPLATE
-    )
+    tok.chat_template = CHAT_TEMPLATE
+    if vllm_compatible:
+        tok.add_special_tokens({"additional_special_tokens": list(CHAT_CONTROL_TOKENS)})
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+        tok.chat_template = CHATML_THINK_TEMPLATE
     return tok
 
 
@@ -192,14 +211,22 @@ def generate(model: Qwen2ForCausalLM, prompts: torch.Tensor, max_new_tokens: int
     return [tokens[i, : lengths[i]].tolist() for i in range(n)]
 
 
-def target_ids(tokenizer: PreTrainedTokenizerFast, answer: str, worked: str = "") -> list[int]:
-    """``{worked}\\boxed{answer}`` + EOS; ``worked`` is an optional line of work before the box."""
-    return tokenizer.encode(f"{worked}\\boxed{{{answer}}}", add_special_tokens=False) + [tokenizer.eos_token_id]
+def target_ids(tokenizer: PreTrainedTokenizerFast, answer: str, worked: str = "", think_end: str = "") -> list[int]:
+    """``{worked}{think_end}\\boxed{answer}`` + EOS; ``worked`` is an optional line of work before the box and
+    ``think_end`` the tag that closes it as a thought (the thought-then-answer form)."""
+    return tokenizer.encode(f"{worked}{think_end}\\boxed{{{answer}}}", add_special_tokens=False) + [tokenizer.eos_token_id]
+
+
+QUESTION = re.compile(r"Q:\s*([0-9+\-]+=)")
 
 
 def worked_line(prompt: str, answer: str) -> str:
-    """The question restated with its result, e.g. ``Q:23+58=`` -> ``23+58=81``."""
-    return prompt.lstrip().removeprefix("Q:") + answer
+    """The question restated with its result, e.g. ``Q:23+58=`` -> ``23+58=81``; ``prompt`` may be a whole rendered
+    chat prompt around the question."""
+    found = QUESTION.search(prompt)
+    if found is None:
+        raise ValueError(f"no question of the form Q:<a><op><b>= in prompt {prompt!r}")
+    return found.group(1) + answer
 
 
 def greedy_accuracy(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prompt_ids: torch.Tensor,
@@ -217,8 +244,9 @@ def warm_start(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prom
     ``warm_start_target_acc``. Returns the per-step losses, steps run and the last checked accuracy.
     """
     prompt_ids = encode_prompts(tokenizer, prompts, cfg.prompt_width)
-    short = [target_ids(tokenizer, a) for a in answers]
-    worked = [target_ids(tokenizer, a, worked_line(p, a)) for p, a in zip(prompts, answers, strict=True)]
+    think_end = THINK_END if cfg.thought_then_answer else ""
+    short = [target_ids(tokenizer, a, think_end=think_end) for a in answers]
+    worked = [target_ids(tokenizer, a, worked_line(p, a), think_end) for p, a in zip(prompts, answers, strict=True)]
     targets = torch.stack([pad_responses(forms, tokenizer.pad_token_id, cfg.max_response_tokens)
                            for forms in (short, worked)])  # [2, N, T]
     lengths = torch.tensor([[len(t) for t in short], [len(t) for t in worked]])
@@ -257,8 +285,9 @@ def warm_start(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prom
 
 def cache_key(cfg: TinyModelConfig, prompts: Sequence[str], answers: Sequence[str]) -> str:
     fields = asdict(cfg)
-    if not fields["vllm_compatible"]:  # keys of models built before the option existed stay valid
-        del fields["vllm_compatible"]
+    for option in ("vllm_compatible", "thought_then_answer"):
+        if not fields[option]:  # keys of models built before the option existed stay valid
+            del fields[option]
     digest = hashlib.sha1(json.dumps([fields, list(prompts), list(answers)]).encode()).hexdigest()
     return digest[:12]
 
@@ -271,7 +300,7 @@ def load_or_build(cache_root: str | Path, prompts: Sequence[str], answers: Seque
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
         model = Qwen2ForCausalLM.from_pretrained(path, attn_implementation="eager").float().eval()
         return model, tokenizer, path
-    tokenizer = build_tokenizer(cfg.vllm_compatible, cfg.prompt_width)
+    tokenizer = build_tokenizer(cfg.vllm_compatible)
     model = build_model(tokenizer, cfg)
     start = time.perf_counter()
     result = warm_start(model, tokenizer, prompts, answers, cfg, progress=progress)

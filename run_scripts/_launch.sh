@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
 # The launcher every run script sources (not run on its own). It checks the environment, then runs
-#   python -m recipe.exgrpo.main_exgrpo <reference run, SPEC §1.5> <the script's own> [CPU profile] <your overrides>
+#   python -m recipe.exgrpo.main_exgrpo <reference run> [paper profile] <the script's own> [CPU profile] <your overrides>
 # Everything after a script's name on its command line is passed to hydra and comes last, so any setting can be
-# overridden, e.g. `bash run_scripts/qwen2.5_math_7b_exgrpo.sh trainer.total_training_steps=10`.
+# overridden, e.g. `bash run_scripts/qwen2.5_math_7b_exgrpo.sh trainer.total_training_steps=10`. A key set twice is
+# passed once, with its last value (DRY_RUN=1 shows the final list).
 #
-# Environment (required): MODEL_PATH (a local Hugging Face model directory).
+# The CPU twin of any script: `EXGRPO_DEVICE=cpu bash run_scripts/<script>.sh [overrides]` runs that script's own
+# configuration (profile, chat template, overrides) through verl on a CPU; only the CPU profile below differs. With
+# MODEL_PATH unset it trains a tiny Qwen2 warm-started on the script's prompt form, with TRAIN_FILE / VAL_FILE (and
+# DATA_DIR) unset the synthetic arithmetic task (both built once into cache/verl_cpu/ of the repository, ~3 min).
+# It uses the active virtualenv, or ./.venv of the repository, set up with vLLM's CPU build on first use.
+#
+# Environment (required on GPU): MODEL_PATH (a local Hugging Face model directory).
 # Environment (optional, default):
 #   DATA_DIR (data)                 TRAIN_FILE ($DATA_DIR/openr1.parquet, from data_preprocess/openr1.py)
-#   VAL_FILE ($DATA_DIR/math_valid.parquet): in-training monitoring only. The authors' validation set holds
-#       the test questions: never pick a checkpoint on it and report it as a test result.
+#   VAL_FILE ($DATA_DIR/openr1_valid.parquet, the held-out split data_preprocess/openr1.py writes): in-training
+#       monitoring only. (The authors' math_valid.parquet holds the test questions: never select checkpoints on it.)
 #   N_GPUS_PER_NODE (8)  NNODES (1)  ROLLOUT_TP (1: vLLM tensor parallel size)  GPU_MEM_UTIL (0.7)
 #   LOGGER ('["console"]', e.g. '["console","wandb"]')  PROJECT_NAME (exgrpo)  EXPERIMENT_NAME (script name)
 #   CKPT_DIR (checkpoints/$PROJECT_NAME/$EXPERIMENT_NAME)  CKPT_KEEP (3: actor checkpoints kept on disk)
 #   TOKENS_PER_GPU (18432: actor micro-batch token budget)  MAX_PROMPT_LENGTH (1024)  MAX_RESPONSE_LENGTH (8192)
-#   EXGRPO_DEVICE (gpu; cpu = the CPU profile below, set by cpu_verl_exgrpo.sh)
-#   EXGRPO_PROFILE (recipe: the recipe's defaults; paper: the authors' training, below; set by the model scripts)
+#   EXGRPO_DEVICE (gpu; cpu = the CPU twin: the CPU profile below, set by cpu_verl_exgrpo.sh)
+#   EXGRPO_PROFILE (recipe: the recipe's defaults; paper: the authors' training, below; the model scripts default
+#       to paper, and a value you set wins)
 #   CHAT_TEMPLATE (model: the model folder's own; or a Jinja file, e.g. run_scripts/chat_templates/qwen_think.jinja)
 #   DRY_RUN (unset; 1 = print the overrides one per line and exit without starting anything)
 # Relative paths are taken from the directory you run the script in and passed on as absolute paths (Ray workers,
@@ -100,7 +108,8 @@ EXGRPO_CPU_PROFILE=(
   "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"
   "actor_rollout_ref.model.use_remove_padding=false"     # remove-padding needs flash-attention's varlen kernels
   "actor_rollout_ref.model.enable_gradient_checkpointing=false"
-  # engine, rollout: vLLM's CPU backend in fp32, eager, no sleep mode (unsupported on CPU)
+  # engine, rollout: vLLM's CPU backend in fp32, eager, no sleep mode (unsupported on CPU), one engine process
+  "actor_rollout_ref.rollout.tensor_model_parallel_size=1"  # (GPU: 1, or 2 in the paper scripts)
   "actor_rollout_ref.rollout.dtype=float32"
   "actor_rollout_ref.rollout.enforce_eager=true"
   "+actor_rollout_ref.rollout.enable_sleep_mode=false"
@@ -109,25 +118,67 @@ EXGRPO_CPU_PROFILE=(
 )
 
 # The authors' training (their released run script and code), setting for setting; the README's table "Where we
-# differ" gives each one's recipe default and reason. Bug fixes (SPEC §4) are not settings: they hold here too.
-# Their loss divides each micro-batch's token-loss sum by 8192 (the response length) and averages ranks: verl's
-# seq-mean-token-sum-norm gives exactly that with loss_scale_factor = 8192 x ranks / sequences per mini-batch
-# (tests/recipe/test_engine_cpu.py checks it on two micro-batches x two ranks).
-exgrpo_paper_profile() {
-  local max_response="$1" ranks="$2" sequences="$3"
-  local scale
-  scale="$(python3 -c 'import sys; print(float(sys.argv[1]) * int(sys.argv[2]) / int(sys.argv[3]))' \
-    "$max_response" "$ranks" "$sequences")"
-  EXGRPO_PAPER_OVERRIDES=(
-    "+reward.custom_reward_function.reward_kwargs.strict_format=true"  # 1. graded only once </think> closes
-    "exgrpo.clip_fresh_after_start=false"                 # 2. on-policy tokens unclipped once replay starts
-    "actor_rollout_ref.actor.clip_ratio_c=1.0e9"          #    and never dual-clipped (their surrogate has none)
-    "actor_rollout_ref.actor.loss_scale_factor=$scale"    # 3. token-loss sum / 8192 per micro-batch, mean of ranks
-    "exgrpo.entropy_agg=micro_batch_token_mean"           # 4. entropy bonus: token mean per micro-batch
-    "exgrpo.skip_step_grad_norm=500.0"                    # 5. skip_grad_bound=500
-    "exgrpo.retire_before_start=true"                     # 6. all-correct questions retire from step 1
-    "trainer.val_before_train=false"                      # 7. their script's val_before_train=False
-  )
+# differ" gives each one's recipe default and reason. Bug fixes are not settings: they hold here too.
+# 3. Their loss divides each micro-batch's token-loss sum by 8192 (the response length) and averages ranks. verl's
+# seq-mean-token-sum-norm gives exactly that with loss_scale_factor = 8192 x data-parallel ranks / sequences per
+# mini-batch, which the recipe sets at start-up from the resolved config (exgrpo.loss_horizon), so a GPU count,
+# mini-batch, rollout count or sequence-parallel override keeps it right (tests/recipe/test_engine_cpu.py checks the
+# formula on two micro-batches x two ranks).
+EXGRPO_PAPER_OVERRIDES=(
+  "+reward.custom_reward_function.reward_kwargs.strict_format=true"  # 1. graded only once </think> closes
+  "exgrpo.clip_fresh_after_start=false"                   # 2. on-policy tokens unclipped once replay starts
+  "actor_rollout_ref.actor.clip_ratio_c=1.0e9"            #    and never dual-clipped (their surrogate has none)
+  "exgrpo.loss_horizon=\${data.max_response_length}"      # 3. token-loss sum / 8192 per micro-batch, mean of ranks
+  "exgrpo.entropy_agg=micro_batch_token_mean"             # 4. entropy bonus: token mean per micro-batch
+  "exgrpo.skip_step_grad_norm=500.0"                      # 5. skip_grad_bound=500
+  "exgrpo.retire_before_start=true"                       # 6. all-correct questions retire from step 1
+  "trainer.val_before_train=false"                        # 7. their script's val_before_train=False
+)
+
+# exgrpo_final_overrides OVERRIDE...: the list with each key once, at its first place, with its last value (hydra
+# would take the last too, but a printed list should show each setting once).
+exgrpo_final_overrides() {
+  local -A last=()
+  local -a order=()
+  local item key
+  for item in "$@"; do
+    key="${item%%=*}"
+    key="${key#++}"
+    key="${key#+}"
+    [ -n "${last[$key]+set}" ] || order+=("$key")
+    last[$key]="$item"
+  done
+  EXGRPO_FINAL_OVERRIDES=()
+  for key in ${order[@]+"${order[@]}"}; do
+    EXGRPO_FINAL_OVERRIDES+=("${last[$key]}")
+  done
+}
+
+# exgrpo_cpu_assets TEMPLATE: on the CPU, substitute the tiny model (MODEL_PATH unset) and the synthetic task
+# (TRAIN_FILE / VAL_FILE and DATA_DIR unset), built once into the repository's cache/verl_cpu. TEMPLATE is the chat
+# template file the run uses ("model": the model's own), so the tiny model is warm-started on that prompt form.
+exgrpo_cpu_assets() {
+  local template="$1" args=(--root "$EXGRPO_REPO/cache/verl_cpu") assets
+  local need_model=0 need_data=0
+  [ -n "${MODEL_PATH:-}" ] || need_model=1
+  [ -n "${DATA_DIR:-}" ] || { [ -n "${TRAIN_FILE:-}" ] && [ -n "${VAL_FILE:-}" ]; } || need_data=1
+  [ "$need_model$need_data" != 00 ] || return 0
+  [ "$need_model" = 1 ] || args+=(--data-only)
+  [ "$template" = model ] || args+=(--chat-template "$template")
+  assets="$(cd "$EXGRPO_REPO" && python -m exgrpo.cpu_verl_assets "${args[@]}")" ||
+    exgrpo_fail "building the CPU task and tiny model failed (python -m exgrpo.cpu_verl_assets ${args[*]})"
+  local ASSET_MODEL_PATH="" ASSET_TRAIN_FILE="" ASSET_VAL_FILE="" ASSET_MAX_PROMPT_LENGTH="" ASSET_MAX_RESPONSE_LENGTH=""
+  eval "$(printf '%s\n' "$assets" | sed 's/^/ASSET_/')"
+  if [ "$need_model" = 1 ]; then
+    MODEL_PATH="$ASSET_MODEL_PATH"
+    # the tiny model's fixed prompt width and response budget
+    MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-$ASSET_MAX_PROMPT_LENGTH}"
+    MAX_RESPONSE_LENGTH="${MAX_RESPONSE_LENGTH:-$ASSET_MAX_RESPONSE_LENGTH}"
+  fi
+  if [ "$need_data" = 1 ]; then
+    TRAIN_FILE="${TRAIN_FILE:-$ASSET_TRAIN_FILE}"
+    VAL_FILE="${VAL_FILE:-$ASSET_VAL_FILE}"
+  fi
 }
 
 # exgrpo_launch NAME [script overrides...] -- [user overrides...]
@@ -137,6 +188,20 @@ exgrpo_launch() {
   local device="${EXGRPO_DEVICE:-gpu}" profile="${EXGRPO_PROFILE:-recipe}"
   case "$device" in gpu | cpu) ;; *) exgrpo_fail "EXGRPO_DEVICE=$device: use gpu or cpu" ;; esac
   case "$profile" in recipe | paper) ;; *) exgrpo_fail "EXGRPO_PROFILE=$profile: use recipe or paper" ;; esac
+  local template="${CHAT_TEMPLATE:-model}"
+  [ "$template" = model ] || template="$(exgrpo_abspath "$template")"
+  if [ "$device" = cpu ]; then
+    # A twin that only prints its overrides, with everything given, needs no Python environment.
+    if [ "${DRY_RUN:-}" != 1 ] || [ -z "${MODEL_PATH:-}" ] ||
+      { [ -z "${DATA_DIR:-}" ] && { [ -z "${TRAIN_FILE:-}" ] || [ -z "${VAL_FILE:-}" ]; }; }; then
+      # shellcheck disable=SC1091
+      EXGRPO_WITH_VLLM=1 source "$EXGRPO_REPO/run_scripts/_env.sh"
+    fi
+    [ "$template" = model ] || [ -f "$template" ] ||
+      exgrpo_fail "CHAT_TEMPLATE=$template: no such file (or use CHAT_TEMPLATE=model)"
+    exgrpo_cpu_assets "$template"
+    LOGGER="${LOGGER:-[\"console\",\"file\"]}"
+  fi
   # 7. the authors' layout and budgets (their script: ppo_max_token_len_per_gpu 32768, rollout TP 2, vLLM memory
   # 0.80, two checkpoints kept); the recipe's own defaults otherwise.
   local tokens_default=18432 tp_default=1 mem_default=0.7 keep_default=3
@@ -149,17 +214,17 @@ exgrpo_launch() {
   local data_dir train_file val_file
   data_dir="$(exgrpo_abspath "${DATA_DIR:-data}")"
   train_file="$(exgrpo_abspath "${TRAIN_FILE:-$data_dir/openr1.parquet}")"
-  val_file="$(exgrpo_abspath "${VAL_FILE:-$data_dir/math_valid.parquet}")"
+  val_file="$(exgrpo_abspath "${VAL_FILE:-$data_dir/openr1_valid.parquet}")"
   [ -f "$train_file" ] || exgrpo_fail "training file $train_file not found (build it with" \
     "python data_preprocess/openr1.py --output $train_file, or set TRAIN_FILE / DATA_DIR)"
-  [ -f "$val_file" ] || exgrpo_fail "validation file $val_file not found (set VAL_FILE or DATA_DIR)"
+  [ -f "$val_file" ] || exgrpo_fail "validation file $val_file not found (python data_preprocess/openr1.py writes" \
+    "it beside the training file; or set VAL_FILE / DATA_DIR)"
   local max_prompt="${MAX_PROMPT_LENGTH:-1024}" max_response="${MAX_RESPONSE_LENGTH:-8192}"
   exgrpo_check_context $((max_prompt + max_response))
-  local template="${CHAT_TEMPLATE:-model}" template_override=()
+  local template_override=()
   if [ "$template" = model ]; then
     exgrpo_check_chat_template
   else
-    template="$(exgrpo_abspath "$template")"
     [ -f "$template" ] || exgrpo_fail "CHAT_TEMPLATE=$template: no such file (or use CHAT_TEMPLATE=model)"
     if grep -q "'" "$template"; then
       exgrpo_fail "CHAT_TEMPLATE=$template: write Jinja strings with double quotes (the template is passed to hydra" \
@@ -201,7 +266,6 @@ exgrpo_launch() {
     "actor_rollout_ref.actor.entropy_checkpointing=true"
     "actor_rollout_ref.actor.use_kl_loss=false"
     "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"
-    "actor_rollout_ref.actor.loss_scale_factor=$max_response"
     "actor_rollout_ref.rollout.name=vllm"
     "actor_rollout_ref.rollout.n=8"
     "actor_rollout_ref.rollout.temperature=1.0"
@@ -237,9 +301,9 @@ exgrpo_launch() {
     ${template_override[@]+"${template_override[@]}"}
   )
   if [ "$profile" = paper ]; then
-    # The reference batch shape: 64 questions x 8 rollouts per mini-batch.
-    exgrpo_paper_profile "$max_response" $(( ${N_GPUS_PER_NODE:-8} * ${NNODES:-1} )) $((64 * 8))
     overrides+=("${EXGRPO_PAPER_OVERRIDES[@]}")
+  else
+    overrides+=("actor_rollout_ref.actor.loss_scale_factor=$max_response")  # verl's seq-mean-token-sum-norm
   fi
   if [ "$device" = cpu ]; then
     # verl loads recipe.exgrpo.cpu in every process (driver, Ray workers, vLLM's engine) through
@@ -251,6 +315,11 @@ exgrpo_launch() {
     esac
     export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"  # GiB of KV cache for vLLM on CPU
     overrides+=("${EXGRPO_CPU_PROFILE[@]}")
+    # verl's file logger truncates its file when reopened: one metrics file per launch, beside the checkpoints.
+    if [ "${DRY_RUN:-}" != 1 ] && [ -z "${VERL_FILE_LOGGER_PATH:-}" ]; then
+      mkdir -p "$ckpt_dir"
+      export VERL_FILE_LOGGER_PATH="$ckpt_dir/metrics_$(date +%Y%m%d-%H%M%S).jsonl"
+    fi
   fi
   local var
   for var in VERL_PLATFORM VERL_USE_EXTERNAL_MODULES VLLM_CPU_KVCACHE_SPACE VERL_FILE_LOGGER_PATH; do
@@ -265,12 +334,15 @@ exgrpo_launch() {
   done
   [ $# -gt 0 ] && shift  # drop "--"
   overrides+=(${extra[@]+"${extra[@]}"} "$@")
+  exgrpo_final_overrides "${overrides[@]}"
+  overrides=("${EXGRPO_FINAL_OVERRIDES[@]}")
 
   if [ "${DRY_RUN:-}" = "1" ]; then
     printf '%s\n' "${overrides[@]}"
     return 0
   fi
-  echo "[exgrpo] $name on $device: checkpoints in $ckpt_dir" >&2
+  echo "[exgrpo] $name ($profile profile) on $device: checkpoints in $ckpt_dir" >&2
+  [ -z "${VERL_FILE_LOGGER_PATH:-}" ] || echo "[exgrpo] metrics: $VERL_FILE_LOGGER_PATH" >&2
   export PYTHONPATH="$pythonpath"
   exec python3 -m recipe.exgrpo.main_exgrpo "${overrides[@]}"
 }

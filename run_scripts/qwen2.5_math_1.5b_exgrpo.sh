@@ -6,7 +6,7 @@
 # - Layout: vLLM without tensor parallelism (a 1.5B model fits one GPU; our choice, not in the authors' script).
 #   MODEL_PATH=/models/Qwen2.5-Math-1.5B-16k bash run_scripts/qwen2.5_math_1.5b_exgrpo.sh [hydra overrides]
 here="$(dirname "$0")"
-export EXGRPO_PROFILE=paper CHAT_TEMPLATE="${CHAT_TEMPLATE:-$here/chat_templates/qwen_think.jinja}"
+export EXGRPO_PROFILE="${EXGRPO_PROFILE:-paper}" CHAT_TEMPLATE="${CHAT_TEMPLATE:-$here/chat_templates/qwen_think.jinja}"
 export ROLLOUT_TP="${ROLLOUT_TP:-1}"
 source "$here/_launch.sh"
 exgrpo_launch qwen2.5_math_1.5b_exgrpo -- "$@"

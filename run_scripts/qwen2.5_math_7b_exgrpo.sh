@@ -11,6 +11,6 @@
 # - Context: Qwen2.5-Math ships 4096 positions; the authors raised it to 16k for 1024 + 8192 tokens (checked).
 # - Layout: vLLM tensor parallel 2 on 8 GPUs, as in their script (ROLLOUT_TP to change).
 here="$(dirname "$0")"
-export EXGRPO_PROFILE=paper CHAT_TEMPLATE="${CHAT_TEMPLATE:-$here/chat_templates/qwen_think.jinja}"
+export EXGRPO_PROFILE="${EXGRPO_PROFILE:-paper}" CHAT_TEMPLATE="${CHAT_TEMPLATE:-$here/chat_templates/qwen_think.jinja}"
 source "$here/_launch.sh"
 exgrpo_launch qwen2.5_math_7b_exgrpo -- "$@"

@@ -36,6 +36,11 @@ CLIP_FRESH_KEY = "exgrpo_clip_fresh"
 
 # verl prefixes the actor's metrics with this before the trainer reduces them (PPOTrainer._update_actor).
 ACTOR_METRIC_PREFIX = "actor/"
+# The policy's entropy summed over the micro-batch's response tokens (SUM over micro-batches and ranks); the trainer
+# divides it by the summed response tokens into ENTROPY_MEAN_KEY, the mean entropy per token: comparable across
+# loss aggregations, loss scales and GPU counts, unlike verl's actor/entropy_loss under seq-mean-token-sum-norm.
+ENTROPY_SUM_KEY = "exgrpo/entropy_sum"
+ENTROPY_MEAN_KEY = "exgrpo/entropy_token_mean"
 
 
 def policy_metrics(raw_metrics: dict[str, float]) -> dict[str, Metric]:
@@ -66,10 +71,15 @@ def finish_replay_metrics(metrics: dict[str, Any], prefix: str = ACTOR_METRIC_PR
 
     Called on the metrics verl's ``_update_actor`` produced (renamed with ``prefix`` and reduced over
     mini-batches); the sums themselves are dropped, their scale depends on the numbers of ranks and
-    mini-batches. Does nothing when the actor did not report them (ExGRPO loss not installed).
+    mini-batches. The entropy sum becomes the step's mean entropy per response token. Does nothing when the actor
+    did not report them (ExGRPO loss not installed).
     """
     if not all(prefix + name in metrics for name in REPLAY_SUM_KEYS):
         return
+    entropy_sum = metrics.pop(prefix + ENTROPY_SUM_KEY, None)
+    if entropy_sum is not None:
+        tokens = float(metrics[prefix + "exgrpo/response_tokens"])
+        metrics[prefix + ENTROPY_MEAN_KEY] = float(entropy_sum) / tokens if tokens else 0.0
     metrics.update(replay_means(metrics, prefix=prefix))
     for name in REPLAY_SUM_KEYS:
         metrics.pop(prefix + name)
@@ -194,6 +204,9 @@ def exgrpo_actor_loss(
                                      entropy_agg)
         policy_loss = policy_loss - config.entropy_coeff * entropy_loss
         metrics["actor/entropy_loss"] = Metric(value=entropy_loss, aggregation=metric_aggregation)
+        with torch.no_grad():
+            token_entropy_sum = float(torch.where(response_mask, entropy.detach(), 0.0).sum())
+        metrics[ENTROPY_SUM_KEY] = Metric(value=token_entropy_sum, aggregation=AggregationType.SUM)
 
     if config.use_kl_loss:
         kld = kl_penalty(logprob=log_prob, ref_logprob=padded["ref_log_prob"], kl_penalty=config.kl_loss_type)

@@ -7,6 +7,8 @@ name: registering a new mode name would switch on verl's asynchronous code paths
 
 from __future__ import annotations
 
+import os
+import sys
 from pprint import pprint
 
 import hydra
@@ -18,7 +20,7 @@ from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 from verl.utils.logging_utils import configure_verl_logging
 
-from recipe.exgrpo.settings import check_verl_settings, load_settings
+from recipe.exgrpo.settings import apply_loss_horizon, check_verl_settings, load_settings
 
 
 class ExGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
@@ -53,21 +55,40 @@ class ExGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
                 tq.close()
 
 
-def validate_exgrpo_config(config: DictConfig) -> None:
-    """verl's own validation plus ExGRPO's (unknown exgrpo keys, incompatible verl options)."""
+def prepare_exgrpo_config(config: DictConfig) -> None:
+    """ExGRPO's own checks (unknown or invalid exgrpo keys, incompatible verl options) and the settings it derives
+    (the authors' loss scale), before verl's validation and before Ray starts: a mistake costs seconds, not a
+    cluster start-up."""
+    core, recipe = load_settings(config)
+    check_verl_settings(config, core)
+    apply_loss_horizon(config, recipe)
+
+
+def validate_with_verl(config: DictConfig) -> None:
     auto_set_device(config)
     validate_config(
         config=config,
         use_reference_policy=need_reference_policy(config),
         use_critic=need_critic(config),
     )
-    core, _ = load_settings(config)
-    check_verl_settings(config, core)
+
+
+def validate_exgrpo_config(config: DictConfig) -> None:
+    """ExGRPO's checks and derived settings, then verl's own validation."""
+    prepare_exgrpo_config(config)
+    validate_with_verl(config)
 
 
 @hydra.main(config_path="config", config_name="exgrpo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    validate_exgrpo_config(config)
+    try:
+        prepare_exgrpo_config(config)
+    except ValueError as error:  # the recipe's own refusals name the key and the fix: one line, no traceback
+        if os.environ.get("EXGRPO_DEBUG") == "1":
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    validate_with_verl(config)
     run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(ExGRPOTaskRunner))
 
 

@@ -25,6 +25,9 @@ class RecipeSettings:
     seed: int = 0
     allow_empty_pool_on_resume: bool = False
     score_max_token_len_per_gpu: int | None = None
+    # The authors' loss scale: each micro-batch's token-loss sum divided by this many tokens, averaged over ranks.
+    # Sets actor.loss_scale_factor at start-up from the resolved data-parallel size and mini-batch (null: unset).
+    loss_horizon: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
@@ -33,9 +36,10 @@ class RecipeSettings:
             raise ValueError(
                 f"exgrpo.allow_empty_pool_on_resume={self.allow_empty_pool_on_resume!r}: must be true or false"
             )
-        budget = self.score_max_token_len_per_gpu
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-            raise ValueError(f"exgrpo.score_max_token_len_per_gpu={budget!r}: must be a positive integer or null")
+        for key in ("score_max_token_len_per_gpu", "loss_horizon"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"exgrpo.{key}={value!r}: must be a positive integer or null")
 
 
 # The exgrpo-section keys that are not ExGRPOConfig fields.
@@ -76,11 +80,65 @@ def load_settings(config: Any) -> tuple[ExGRPOConfig, RecipeSettings]:
     return core, recipe
 
 
+def installs_exgrpo_loss(core: ExGRPOConfig) -> bool:
+    """Whether the actor trains with the ExGRPO loss: ExGRPO on, or a baseline that keeps an authors' loss setting."""
+    return core.enable or core.entropy_agg != "loss_agg_mode"
+
+
+def data_parallel_size(config: Any) -> int:
+    """The actor's data-parallel ranks: all GPUs of all nodes over the Ulysses sequence-parallel group size."""
+    trainer, actor = config["trainer"], config["actor_rollout_ref"]["actor"]
+    world = int(trainer["n_gpus_per_node"]) * int(trainer["nnodes"])
+    fsdp_sp = int((actor.get("fsdp_config", None) or {}).get("ulysses_sequence_parallel_size", 1) or 1)
+    sp = fsdp_sp if fsdp_sp > 1 else int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    if world % sp:
+        raise ValueError(f"ulysses_sequence_parallel_size={sp} does not divide the {world} GPUs of the run")
+    return world // sp
+
+
+def authors_loss_scale_factor(config: Any, horizon: int) -> float:
+    """verl's ``loss_scale_factor`` under which ``seq-mean-token-sum-norm`` is the authors' loss.
+
+    verl divides each rank's micro-batch by the global mini-batch's sequence count, multiplies by the data-parallel
+    size and divides by the factor, then averages gradients over ranks; the authors divide each micro-batch's token
+    sum by ``horizon`` and average over ranks. They agree when factor = horizon x ranks / sequences per mini-batch.
+    """
+    actor = config["actor_rollout_ref"]["actor"]
+    sequences = int(actor["ppo_mini_batch_size"]) * int(config["actor_rollout_ref"]["rollout"]["n"])
+    return float(horizon) * data_parallel_size(config) / sequences
+
+
+def apply_loss_horizon(config: Any, recipe: RecipeSettings) -> None:
+    """With ``exgrpo.loss_horizon`` set, write the authors' ``actor.loss_scale_factor`` into ``config``.
+
+    Computed from the resolved config, so a GPU-count, mini-batch, rollout-count or sequence-parallel override keeps
+    the authors' scale; an explicit factor that disagrees is refused rather than silently replaced.
+    """
+    if recipe.loss_horizon is None:
+        return
+    actor = config["actor_rollout_ref"]["actor"]
+    if actor["loss_agg_mode"] != "seq-mean-token-sum-norm":
+        raise ValueError(
+            f"exgrpo.loss_horizon={recipe.loss_horizon} needs actor_rollout_ref.actor.loss_agg_mode="
+            f"seq-mean-token-sum-norm (got {actor['loss_agg_mode']!r}); set exgrpo.loss_horizon=null for other modes"
+        )
+    factor = authors_loss_scale_factor(config, recipe.loss_horizon)
+    given = actor.get("loss_scale_factor", None)
+    if given is not None and abs(float(given) - factor) > 1e-9 * factor:
+        raise ValueError(
+            f"actor_rollout_ref.actor.loss_scale_factor={given} disagrees with exgrpo.loss_horizon="
+            f"{recipe.loss_horizon}, which sets it to {factor:g} for {data_parallel_size(config)} data-parallel "
+            "rank(s) and this mini-batch; drop one of the two overrides"
+        )
+    actor["loss_scale_factor"] = factor
+
+
 def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
     """Reject verl options under which ExGRPO's prompt composition, replay rows or loss would be wrong.
 
-    Called for ``enable: false`` too where the option also matters to the baseline's prompt composition
-    (the trainer mode), so the baseline and ExGRPO runs are the same program.
+    Called for ``enable: false`` too: the trainer mode matters to the baseline's prompt composition, and a baseline
+    that keeps an authors' setting (the paper profile's GRPO script) trains with the ExGRPO loss and grad-norm guard,
+    so their requirements hold for it too.
     """
     trainer = config["trainer"]
     if not trainer.get("use_v1", True):
@@ -91,9 +149,18 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
             f"trainer.v1.trainer_mode={mode!r}: the ExGRPO trainer subclasses PPOTrainerSync and must run in "
             "'sync' mode (other mode names switch on asynchronous behaviour in verl's base trainer)"
         )
+    actor = config["actor_rollout_ref"]["actor"]
+    if core.skip_step_grad_norm is not None and actor.get("strategy", "fsdp") not in ("fsdp", "fsdp2"):
+        raise ValueError(
+            f"exgrpo.skip_step_grad_norm={core.skip_step_grad_norm} with actor_rollout_ref.actor.strategy="
+            f"{actor.get('strategy')!r}: the grad-norm guard wraps verl's FSDP engine only; use strategy=fsdp2 or "
+            "set exgrpo.skip_step_grad_norm=null"
+        )
+    algorithm = config["algorithm"]
+    if installs_exgrpo_loss(core):
+        check_loss_settings(config)
     if not core.enable:
         return
-    algorithm = config["algorithm"]
     if algorithm["adv_estimator"] != "grpo":
         raise ValueError(
             f"algorithm.adv_estimator={algorithm['adv_estimator']!r}: ExGRPO needs 'grpo' (group-relative "
@@ -104,18 +171,6 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
         raise ValueError(
             f"data.gen_batch_size={gen_batch_size!r}: ExGRPO fetches B - n_replay fresh prompts per step, which "
             "verl can only do in chunks of gen_batch_size; set data.gen_batch_size=1"
-        )
-    correction = algorithm.get("rollout_correction", None) or {}
-    for key in ("rollout_is", "rollout_rs"):
-        if correction.get(key, None):
-            raise ValueError(
-                f"algorithm.rollout_correction.{key}={correction.get(key)!r}: rollout correction would reweight or "
-                "reject replayed rows (their behaviour policy is pi_past, not the rollout engine); keep it null"
-            )
-    if correction.get("bypass_mode", False):
-        raise ValueError(
-            "algorithm.rollout_correction.bypass_mode=true replaces old_log_probs by the rollout engine's "
-            "log-probs, which do not exist for replayed rows; keep it false"
         )
     filter_groups = algorithm.get("filter_groups", None) or {}
     if filter_groups.get("enable", False):
@@ -133,12 +188,6 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
                 "after verl's built-in ReplayBuffer.sample and relies on its refill and group semantics; a custom "
                 "sampler is not supported (leave custom_sampler.path and .name null)"
             )
-    loss_mode = (config["actor_rollout_ref"]["actor"].get("policy_loss", None) or {}).get("loss_mode", "vanilla")
-    if loss_mode != "vanilla":
-        raise ValueError(
-            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r}: ExGRPO's loss extends verl's 'vanilla' "
-            "clipped surrogate (fresh rows) with the shaped replay term; other policy losses are not supported"
-        )
     rollout = config["actor_rollout_ref"]["rollout"]
     multi_turn = rollout.get("multi_turn", None) or {}
     if multi_turn.get("enable", False):
@@ -146,3 +195,28 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
             "actor_rollout_ref.rollout.multi_turn.enable=true: ExGRPO replay stores single-turn responses "
             "(every response token is a policy token); multi-turn agent loops are not supported"
         )
+
+
+def check_loss_settings(config: Any) -> None:
+    """Reject verl options the ExGRPO loss cannot honour (checked whenever the worker installs it)."""
+    correction = config["algorithm"].get("rollout_correction", None) or {}
+    for key in ("rollout_is", "rollout_rs"):
+        if correction.get(key, None):
+            raise ValueError(
+                f"algorithm.rollout_correction.{key}={correction.get(key)!r}: rollout correction would reweight or "
+                "reject replayed rows (their behaviour policy is pi_past, not the rollout engine), and the ExGRPO "
+                "loss (installed also for a baseline with an authors' setting) refuses its weights; keep it null"
+            )
+    if correction.get("bypass_mode", False):
+        raise ValueError(
+            "algorithm.rollout_correction.bypass_mode=true replaces old_log_probs by the rollout engine's "
+            "log-probs, which do not exist for replayed rows; keep it false"
+        )
+    loss_mode = (config["actor_rollout_ref"]["actor"].get("policy_loss", None) or {}).get("loss_mode", "vanilla")
+    if loss_mode != "vanilla":
+        raise ValueError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r}: ExGRPO's loss extends verl's 'vanilla' "
+            "clipped surrogate (fresh rows) with the shaped replay term; other policy losses are not supported"
+        )
+    if (config.get("distillation", None) or {}).get("enabled", False):
+        raise ValueError("distillation.enabled=true: ExGRPO's loss does not combine with on-policy distillation")

@@ -281,8 +281,7 @@ class ExGRPOTrainer(PPOTrainerSync):
             batch.extra_info[CLIP_FRESH_KEY] = clip_fresh
             metrics["exgrpo/clip_fresh"] = float(clip_fresh)
         batch = super()._update_actor(batch, metrics=metrics)
-        if self.exgrpo_enabled:
-            finish_replay_metrics(metrics)
+        finish_replay_metrics(metrics)  # also for a baseline that trains with the ExGRPO loss (paper profile)
         return batch
 
     # ------------------------------------------------------------------ replay insertion

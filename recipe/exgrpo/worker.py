@@ -26,7 +26,7 @@ from exgrpo.config import ExGRPOConfig
 from exgrpo.selection import mean_token_entropy
 from recipe.exgrpo.loss import exgrpo_actor_loss
 from recipe.exgrpo.records import MEAN_ENTROPY_FIELD
-from recipe.exgrpo.settings import RECIPE_ONLY_KEYS, plain_section
+from recipe.exgrpo.settings import RECIPE_ONLY_KEYS, installs_exgrpo_loss, plain_section
 
 # The trainer config's ``exgrpo`` section reaches the worker as ``actor_rollout_ref.exgrpo`` (an
 # interpolation in the recipe yaml): workers only receive the ``actor_rollout_ref`` subtree.
@@ -107,7 +107,7 @@ class ExGRPOActorRolloutRefWorker(ActorRolloutRefWorker):
         if self.actor is None or config is None:
             return
         # The baseline (enable=false) keeps the authors' settings too, so it is the same program minus replay.
-        if config.enable or config.entropy_agg != "loss_agg_mode":
+        if installs_exgrpo_loss(config):
             if self.distillation_enabled:
                 raise ValueError("ExGRPO does not combine with on-policy distillation (distillation.enabled=true)")
             # The ActorConfig verl just built for ppo_loss (model_config attached), reused as is.

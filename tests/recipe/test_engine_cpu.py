@@ -347,12 +347,56 @@ def test_paper_loss_scale_and_entropy_equal_the_authors_formula_on_two_micro_bat
     assert abs(default - authors) > 1e-4
 
 
+def test_entropy_token_mean_is_the_mean_over_all_response_tokens_whatever_the_scale_ranks_and_micro_batches(
+        actor_worker):
+    """actor/exgrpo/entropy_token_mean after verl's reduction (per-rank micro-batch lists, Metric.aggregate_dp,
+    reduce_metrics) and the trainer's finish is the plain mean entropy over every response token of the step,
+    under both entropy aggregations and any loss scale, while verl's actor/entropy_loss moves with them."""
+    import dataclasses
+
+    from verl.utils.metric import Metric, reduce_metrics
+    from verl.utils.py_functional import append_to_dict, rename_dict
+
+    from recipe.exgrpo.loss import ENTROPY_MEAN_KEY, exgrpo_actor_loss, finish_replay_metrics
+
+    gen = torch.Generator().manual_seed(11)
+
+    def row(prompt_len, n):
+        lp = (-1.0 - torch.rand(n, generator=gen)).tolist()
+        return prompt_len, lp, lp, float(torch.randn(1, generator=gen)), (2 * torch.rand(n, generator=gen)).tolist()
+
+    ranks = [[[row(3, 4), row(2, 6)], [row(4, 3)]], [[row(2, 5)], [row(3, 2), row(5, 7)]]]
+    entropies = [e for rank in ranks for mb in rank for r in mb for e in r[4]]
+    sequences, dp = sum(len(mb) for rank in ranks for mb in rank), len(ranks)
+    seen = {}
+    for scale, entropy_agg in ((8192 * dp / sequences, "micro_batch_token_mean"), (24.0, "loss_agg_mode")):
+        config = dataclasses.replace(
+            actor_worker.loss_fn.keywords["config"], loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=scale,
+            entropy_coeff=0.001, use_kl_loss=False, global_batch_info={},
+        )
+        per_rank = []
+        for rank in ranks:
+            rank_metrics: dict = {}
+            for mb in rank:
+                td, output = _response_rows_batch(mb, dp, sequences)
+                append_to_dict(rank_metrics, exgrpo_actor_loss(config, output, td, beta=0.1, entropy_agg=entropy_agg)[1])
+            per_rank.append(rank_metrics)
+        gathered = {key: Metric.aggregate_dp([m[key] for m in per_rank]) for key in per_rank[0]
+                    if isinstance(per_rank[0][key], Metric)}
+        metrics = reduce_metrics(rename_dict({k: [v] for k, v in gathered.items()}, "actor/"))
+        finish_replay_metrics(metrics)
+        assert metrics["actor/" + ENTROPY_MEAN_KEY] == pytest.approx(sum(entropies) / len(entropies), rel=1e-6)
+        assert "actor/exgrpo/entropy_sum" not in metrics
+        seen[entropy_agg] = metrics["actor/entropy_loss"]
+    assert abs(seen["micro_batch_token_mean"] - seen["loss_agg_mode"]) > 1e-3
+
+
 def test_grad_norm_guard_skips_steps_above_the_bound_and_reports_them_through_verls_update_path(actor_worker):
     """Through TrainingWorker.train_mini_batch (what update_actor runs): verl gathers each metric over ranks and
     flattens it over mini-batches, then the trainer reduces it. The guard's outcome survives that path as the share
     of the step's optimizer steps that were skipped."""
-    from verl.utils.metric import reduce_metrics
     from verl.utils import tensordict_utils as tu
+    from verl.utils.metric import reduce_metrics
     from verl.utils.py_functional import rename_dict
 
     from recipe.exgrpo.worker import SKIPPED_UPDATE_METRIC, install_grad_norm_guard

@@ -59,7 +59,7 @@ def data_dir(tmp_path):
     folder = tmp_path / "data"
     folder.mkdir()
     (folder / "openr1.parquet").write_bytes(b"")
-    (folder / "math_valid.parquet").write_bytes(b"")
+    (folder / "openr1_valid.parquet").write_bytes(b"")
     return folder
 
 
@@ -68,6 +68,7 @@ def test_script_overrides_compose_validate_and_match_the_reference_run(name, tmp
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
+    from recipe.exgrpo.main_exgrpo import prepare_exgrpo_config
     from recipe.exgrpo.settings import check_verl_settings, load_settings
 
     model = fake_model(tmp_path / "model")
@@ -75,7 +76,9 @@ def test_script_overrides_compose_validate_and_match_the_reference_run(name, tmp
                         "trainer.total_training_steps=5")
     assert result.returncode == 0, result.stderr
     overrides = result.stdout.splitlines()
+    assert len({o.split("=", 1)[0].lstrip("+") for o in overrides}) == len(overrides), "a key printed twice"
     config = compose_config(overrides)
+    prepare_exgrpo_config(config)  # the recipe's own checks and derived settings, first, as main_exgrpo runs them
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     core, _ = load_settings(config)
     check_verl_settings(config, core)
@@ -154,13 +157,13 @@ def test_relative_paths_are_taken_from_the_callers_directory_and_passed_on_absol
     config = compose_config(result.stdout.splitlines())
     assert config.actor_rollout_ref.model.path == str(tmp_path / "model")
     assert config.data.train_files == str(data_dir / "openr1.parquet")
-    assert config.data.val_files == str(data_dir / "math_valid.parquet")
+    assert config.data.val_files == str(data_dir / "openr1_valid.parquet")
     assert config.trainer.default_local_dir == str(tmp_path / "ck" / "run1")
     env = {"MODEL_PATH": str(tmp_path / "model"), "TRAIN_FILE": "data/openr1.parquet",
-           "VAL_FILE": "data/math_valid.parquet", "DRY_RUN": "1"}
+           "VAL_FILE": "data/openr1_valid.parquet", "DRY_RUN": "1"}
     config = compose_config(run_script("qwen2.5_math_7b_exgrpo.sh", env, cwd=tmp_path).stdout.splitlines())
     assert (config.data.train_files, config.data.val_files) == (str(data_dir / "openr1.parquet"),
-                                                                str(data_dir / "math_valid.parquet"))
+                                                                str(data_dir / "openr1_valid.parquet"))
     assert config.trainer.default_local_dir == str(tmp_path / "checkpoints" / "exgrpo" / "qwen2.5_math_7b_exgrpo")
 
 
@@ -188,6 +191,7 @@ CPU_DEVICE_KEYS = {
     "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_KVCACHE_SPACE",
 }
 CPU_ENGINE_KEYS = {
+    "actor_rollout_ref.rollout.tensor_model_parallel_size",
     "actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.actor.fsdp_config.mixed_precision",
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile", "actor_rollout_ref.actor.use_torch_compile",
     "actor_rollout_ref.model.override_config.attn_implementation", "actor_rollout_ref.model.use_remove_padding",
@@ -207,7 +211,11 @@ VERL_COPIES = {
     "distillation.teacher_models.teacher_model.inference.dtype": "actor_rollout_ref.rollout.dtype",
     "distillation.teacher_models.teacher_model.inference.prompt_length": "data.max_prompt_length",
     "distillation.teacher_models.teacher_model.inference.response_length": "data.max_response_length",
+    "exgrpo.loss_horizon": "data.max_response_length",  # the paper profile's interpolation
+    "actor_rollout_ref.exgrpo.loss_horizon": "data.max_response_length",  # the workers' copy of the section
 }
+# Not a setting of the run: where the metrics go (console and a JSONL file on a laptop; GPU: the LOGGER you pass).
+CPU_OUTPUT_KEYS = {"trainer.logger"}
 
 
 def _flat(node, prefix=""):
@@ -228,35 +236,106 @@ def _resolved(overrides):
     return _flat(OmegaConf.to_container(compose_config(overrides), resolve=True))
 
 
+def _changed_keys(gpu_overrides, cpu_overrides):
+    gpu_config, cpu_config = _resolved(gpu_overrides), _resolved(cpu_overrides)
+    changed = {k for k in gpu_config.keys() | cpu_config.keys() if gpu_config.get(k) != cpu_config.get(k)}
+    for copy, source in VERL_COPIES.items():  # interpolated copies (where the run has them) follow their source
+        if copy in gpu_config and gpu_config[copy] == gpu_config[source]:
+            assert cpu_config[copy] == cpu_config[source], (copy, source)
+        else:
+            assert copy not in changed, (copy, "changed without being a copy of", source)
+    return changed
+
+
+# What the launcher is given on the CPU when it substitutes the tiny model (MAX_* come with it).
+TWIN_ENV = {"EXGRPO_DEVICE": "cpu", "MAX_PROMPT_LENGTH": "29", "MAX_RESPONSE_LENGTH": "24"}
+
+
 def test_cpu_profile_changes_only_device_size_and_engine_settings_of_the_reference_run(tmp_path, data_dir):
     env = {"MODEL_PATH": str(fake_model(tmp_path / "model")), "DATA_DIR": str(data_dir), "DRY_RUN": "1",
            "EXPERIMENT_NAME": "same"}
-    gpu = run_launcher(env)
-    # What cpu_verl_exgrpo.sh sets before it calls the same launcher.
-    cpu = run_launcher({**env, "EXGRPO_DEVICE": "cpu", "MAX_PROMPT_LENGTH": "10", "MAX_RESPONSE_LENGTH": "24"})
-    assert gpu.returncode == 0 and cpu.returncode == 0, gpu.stderr + cpu.stderr
-    gpu_config, cpu_config = _resolved(gpu.stdout.splitlines()), _resolved(cpu.stdout.splitlines())
-    changed = {k for k in gpu_config.keys() | cpu_config.keys() if gpu_config.get(k) != cpu_config.get(k)}
-    allowed = CPU_SIZE_KEYS | CPU_DEVICE_KEYS | CPU_ENGINE_KEYS
-    expected = allowed | set(VERL_COPIES)
-    assert changed == expected, (sorted(changed - expected), sorted(expected - changed))
-    for copy, source in VERL_COPIES.items():  # verl's own interpolations: they follow the key they copy
-        assert cpu_config[copy] == cpu_config[source], (copy, source)
+    allowed = CPU_SIZE_KEYS | CPU_DEVICE_KEYS | CPU_ENGINE_KEYS | CPU_OUTPUT_KEYS
+    for profile in ("recipe", "paper"):
+        gpu = run_launcher({**env, "EXGRPO_PROFILE": profile})
+        cpu = run_launcher({**env, "EXGRPO_PROFILE": profile, **TWIN_ENV})
+        assert gpu.returncode == 0 and cpu.returncode == 0, gpu.stderr + cpu.stderr
+        changed = _changed_keys(gpu.stdout.splitlines(), cpu.stdout.splitlines())
+        assert changed <= allowed | set(VERL_COPIES), (profile, sorted(changed - allowed - set(VERL_COPIES)))
+        if profile == "recipe":  # every key of the profile is used by the recipe run
+            assert changed - set(VERL_COPIES) == allowed - {"actor_rollout_ref.rollout.tensor_model_parallel_size"}, (
+                sorted(allowed - changed))
     readme = (REPO / "README.md").read_text()
     for key in sorted(allowed):
         assert f"`{key}`" in readme, f"README's GPU vs CPU table does not list {key}"
 
 
-def test_recipe_profile_keeps_the_safe_defaults_and_the_paper_loss_scale_follows_the_ranks(tmp_path, data_dir):
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_every_gpu_scripts_cpu_twin_changes_only_device_size_and_engine_settings(name, tmp_path, data_dir):
+    """EXGRPO_DEVICE=cpu on the script itself: its profile, chat template and own overrides stay; only the CPU
+    profile's keys (and verl's interpolated copies of them) differ."""
+    env = {"MODEL_PATH": str(fake_model(tmp_path / "model")), "DATA_DIR": str(data_dir), "DRY_RUN": "1"}
+    gpu = run_script(name, env, "trainer.total_training_steps=3")
+    cpu = run_script(name, {**env, **TWIN_ENV}, "trainer.total_training_steps=3")
+    assert gpu.returncode == 0 and cpu.returncode == 0, gpu.stderr + cpu.stderr
+    changed = _changed_keys(gpu.stdout.splitlines(), cpu.stdout.splitlines())
+    allowed = CPU_SIZE_KEYS | CPU_DEVICE_KEYS | CPU_ENGINE_KEYS | CPU_OUTPUT_KEYS | set(VERL_COPIES)
+    assert changed <= allowed, sorted(changed - allowed)
+    config = compose_config(cpu.stdout.splitlines())
+    assert config.trainer.total_training_steps == 3  # the user's override still wins over the CPU profile
+    assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
+    _, template, _ = SCRIPTS[name]
+    expected_template = (REPO / "run_scripts" / "chat_templates" / template).read_text() if template else None
+    assert config.actor_rollout_ref.model.custom_chat_template == expected_template
+    assert config.reward.custom_reward_function.reward_kwargs.strict_format is True
+
+
+def test_model_scripts_honour_the_users_profile_and_refuse_unknown_ones(tmp_path, data_dir):
+    env = {"MODEL_PATH": str(fake_model(tmp_path / "model")), "DATA_DIR": str(data_dir), "DRY_RUN": "1"}
+    recipe = compose_config(run_script("qwen2.5_math_7b_exgrpo.sh", {**env, "EXGRPO_PROFILE": "recipe"}).stdout
+                            .splitlines())
+    assert "reward_kwargs" not in recipe.reward.custom_reward_function and recipe.exgrpo.skip_step_grad_norm is None
+    assert recipe.actor_rollout_ref.rollout.tensor_model_parallel_size == 1  # the recipe's layout default
+    result = run_script("qwen2.5_math_7b_exgrpo.sh", {**env, "EXGRPO_PROFILE": "papr"})
+    assert result.returncode == 2 and "EXGRPO_PROFILE=papr: use recipe or paper" in result.stderr
+    assert result.stdout == ""
+
+
+def test_recipe_profile_keeps_the_safe_defaults_and_the_paper_loss_scale_follows_the_resolved_config(tmp_path,
+                                                                                                      data_dir):
+    from recipe.exgrpo.main_exgrpo import prepare_exgrpo_config
+
     env = {"MODEL_PATH": str(fake_model(tmp_path / "model")), "DATA_DIR": str(data_dir), "DRY_RUN": "1"}
     config = compose_config(run_launcher(env).stdout.splitlines())
     core, _ = load_settings_checked(config)
     assert core.clip_fresh_after_start and not core.retire_before_start and core.skip_step_grad_norm is None
     assert core.entropy_agg == "loss_agg_mode" and config.actor_rollout_ref.actor.loss_scale_factor == 8192
     assert "reward_kwargs" not in config.reward.custom_reward_function
-    for gpus, nodes, scale in (("8", "1", 128.0), ("4", "1", 64.0), ("8", "2", 256.0)):
-        result = run_script("qwen2.5_math_7b_exgrpo.sh", {**env, "N_GPUS_PER_NODE": gpus, "NNODES": nodes})
-        assert compose_config(result.stdout.splitlines()).actor_rollout_ref.actor.loss_scale_factor == scale
+    # The authors' scale 8192 x data-parallel ranks / sequences per mini-batch, from whatever the user overrides:
+    # GPUs and nodes through the environment, or any hydra key on the command line.
+    cases = [
+        ({}, (), 8192 * 8 / (64 * 8)),
+        ({"N_GPUS_PER_NODE": "4"}, (), 8192 * 4 / (64 * 8)),
+        ({"NNODES": "2"}, (), 8192 * 16 / (64 * 8)),
+        ({}, ("trainer.n_gpus_per_node=4",), 8192 * 4 / (64 * 8)),
+        ({}, ("actor_rollout_ref.actor.ppo_mini_batch_size=32",), 8192 * 8 / (32 * 8)),
+        ({}, ("actor_rollout_ref.rollout.n=16",), 8192 * 8 / (64 * 16)),
+        ({}, ("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2",), 8192 * 4 / (64 * 8)),
+        ({"MAX_RESPONSE_LENGTH": "4096"}, (), 4096 * 8 / (64 * 8)),
+    ]
+    for extra_env, args, scale in cases:
+        result = run_script("qwen2.5_math_7b_exgrpo.sh", {**env, **extra_env}, *args)
+        config = compose_config(result.stdout.splitlines())
+        assert config.actor_rollout_ref.actor.loss_scale_factor is None  # nothing fixed in the script
+        prepare_exgrpo_config(config)
+        assert config.actor_rollout_ref.actor.loss_scale_factor == pytest.approx(scale), (extra_env, args)
+    # An explicit factor that disagrees is refused, one that agrees is kept.
+    result = run_script("qwen2.5_math_7b_exgrpo.sh", env, "actor_rollout_ref.actor.loss_scale_factor=8192")
+    with pytest.raises(ValueError, match=r"loss_scale_factor=8192.* disagrees with exgrpo.loss_horizon=8192.*128"):
+        prepare_exgrpo_config(compose_config(result.stdout.splitlines()))
+    result = run_script("qwen2.5_math_7b_exgrpo.sh", env, "actor_rollout_ref.actor.loss_scale_factor=128")
+    config = compose_config(result.stdout.splitlines())
+    prepare_exgrpo_config(config)
+    assert config.actor_rollout_ref.actor.loss_scale_factor == 128
 
 
 def test_chat_templates_render_the_prompt_the_model_scripts_promise(tmp_path, data_dir):
