@@ -10,15 +10,21 @@ Accepted raw schemas (one file may mix them; a local .parquet/.jsonl/.json/.csv 
 ExGRPO is pure RLVR: only the question and its final answer are used. Rows without a usable answer (missing,
 empty, "proof", "notfound") are dropped and counted; repeated questions (same qid) are kept once.
 
+A held-out validation split for in-training monitoring is written beside the training file
+(``data/openr1_valid.parquet``, the run scripts' default ``VAL_FILE``): ``--valid_rows`` questions (default 500)
+drawn with ``--seed``, removed from the training set, so validation never scores questions the policy trained on.
+(The authors monitored on their test questions; the benchmarks in ``math_benchmarks.py`` stay for testing.)
+
 Usage: ``python data_preprocess/openr1.py [--input Elliott/Openr1-Math-46k-8192 | FILE [FILE ...]] --output
-data/openr1.parquet [--max_rows N]``. Several files are read in order as one set (a hub dataset downloaded with
-``hf download`` may come in shards). Without access to the hub, the command says so in one line and names
-``--input``.
+data/openr1.parquet [--valid_rows 500] [--seed 0] [--max_rows N]``. Several files are read in order as one set (a
+hub dataset downloaded with ``hf download`` may come in shards). Without access to the hub, the command says so
+in one line and names ``--input``.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -98,13 +104,39 @@ def build_rows(records: Iterable[Mapping[str, Any]], max_rows: int | None = None
     return finalize(rows), counts
 
 
+def hold_out(rows: list[dict[str, Any]], n_valid: int, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training rows, validation rows): ``n_valid`` questions drawn with ``seed``, each in exactly one split.
+
+    The rows are already one per question id, so the splits are disjoint by id; both keep the input order and are
+    renumbered, and validation rows say ``extra_info.split = "valid"``.
+    """
+    if n_valid < 0:
+        raise ValueError(f"--valid_rows must be >= 0, got {n_valid}")
+    if n_valid >= len(rows):
+        raise ValueError(f"--valid_rows {n_valid} leaves none of the {len(rows)} questions for training; lower it")
+    chosen = set(random.Random(seed).sample(range(len(rows)), n_valid))
+    train = [row for i, row in enumerate(rows) if i not in chosen]
+    valid = [{**row, "extra_info": {**row["extra_info"], "split": "valid"}} for i, row in enumerate(rows) if i in chosen]
+    return finalize(train), finalize(valid)
+
+
+def validation_path(output: str | Path) -> Path:
+    """``data/openr1.parquet`` -> ``data/openr1_valid.parquet``: where the launcher looks by default."""
+    output = Path(output)
+    return output.with_name(f"{output.stem}_valid{output.suffix}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=cli.DEBUG_HELP)
     parser.add_argument("--input", nargs="+", default=[DEFAULT_DATASET],
                         help="hub dataset name, or local .parquet/.jsonl/.json/.csv file(s) read as one set")
     parser.add_argument("--split", default="train", help="hub split")
     parser.add_argument("--output", default="data/openr1.parquet", help=".parquet or .jsonl")
-    parser.add_argument("--max_rows", type=int, default=None)
+    parser.add_argument("--max_rows", type=int, default=None, help="cap on the questions read (before the split)")
+    parser.add_argument("--valid_rows", type=int, default=500,
+                        help="questions held out for the validation file (0: none written)")
+    parser.add_argument("--valid_output", default=None, help="default: <output stem>_valid<suffix> beside --output")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the held-out draw")
     args = parser.parse_args(argv)
     if args.max_rows is not None and args.max_rows < 1:
         raise InputError(f"--max_rows must be >= 1, got {args.max_rows}")
@@ -126,8 +158,17 @@ def main(argv: list[str] | None = None) -> int:
                             if key.startswith("dropped") and value)
         raise InputError(f"{inputs}: all {len(records)} rows dropped ({dropped}); nothing written to {args.output}. "
                          "A row needs a question and a checkable final answer")
-    path = write_rows(rows, args.output)
+    try:
+        train, valid = hold_out(rows, args.valid_rows, args.seed)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    counts["written"] = len(train)
+    path = write_rows(train, args.output)
     print(f"openr1: {' '.join(args.input)} -> {path}")
+    if valid:
+        valid_path = write_rows(valid, args.valid_output or validation_path(args.output))
+        counts["held out for validation"] = len(valid)
+        print(f"  validation (held out, seed {args.seed}): {valid_path}")
     for key, value in counts.items():
         print(f"  {key}: {value}")
     return 0

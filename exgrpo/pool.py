@@ -20,10 +20,10 @@ import logging
 import os
 import tempfile
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -640,31 +640,12 @@ class ExperiencePool:
         return digest.hexdigest()
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the state to ``path`` atomically and durably: a crash never leaves half a file under its name.
-
-        The temporary file (``<name><random>.tmp`` beside it) is fsync'ed before the rename, and the folder after:
-        without the first, a power loss can leave the renamed file empty (the rename reaches the disk before the
-        data); without the second, the rename itself can be lost. A hard kill before the rename leaves the
-        temporary file behind: :func:`remove_stale_temporaries` removes it.
-        """
+        """Write the state to ``path`` atomically and durably (:func:`write_atomically`)."""
         state = self.state_dict()
         arrays = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
         meta = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=TEMPORARY_SUFFIX)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        _fsync_folder(path.parent)
+        write_atomically(path, lambda f: np.savez(f, **arrays))
 
     @classmethod
     def load(cls, path: str | os.PathLike, config: ExGRPOConfig | None = None) -> ExperiencePool:
@@ -690,6 +671,30 @@ class ExperiencePool:
 # ----------------------------------------------------------------------------------------------- durability
 TEMPORARY_SUFFIX = ".tmp"
 TEMPORARY_PREFIX = "exgrpo_"  # the files this project writes atomically: exgrpo_pool.npz, exgrpo_pending_fresh.json
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+    """Write a file through ``write(binary file)`` so that a crash never leaves half of it under its name.
+
+    The temporary file (``<name><random>.tmp`` beside it) is fsync'ed before the rename, and the folder after:
+    without the first, a power loss can leave the renamed file empty (the rename reaches the disk before the
+    data); without the second, the rename itself can be lost. A hard kill before the rename leaves the temporary
+    file behind: :func:`remove_stale_temporaries` removes it.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=TEMPORARY_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_folder(path.parent)
 
 
 def _fsync_folder(folder: Path) -> None:

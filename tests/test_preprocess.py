@@ -123,9 +123,10 @@ def test_openr1_from_parquet_and_max_rows(tmp_path):
 def test_openr1_cli_writes_parquet_and_summary(tmp_path):
     output = tmp_path / "train.parquet"
     result = subprocess.run([sys.executable, str(REPO / "data_preprocess" / "openr1.py"), "--input",
-                             str(FIXTURES / "openr1_220k.jsonl"), "--output", str(output)],
+                             str(FIXTURES / "openr1_220k.jsonl"), "--output", str(output), "--valid_rows", "0"],
                             capture_output=True, text=True, check=True, cwd=tmp_path)
     assert "written: 3" in result.stdout and "dropped: proof question: 1" in result.stdout
+    assert not (tmp_path / "train_valid.parquet").exists()
     frame = pd.read_parquet(output)
     assert len(frame) == 3
     first = frame.iloc[0]
@@ -134,6 +135,38 @@ def test_openr1_cli_writes_parquet_and_summary(tmp_path):
     # same input, second run: identical ids
     again, _ = openr1.build_rows(fixture("openr1_220k.jsonl"))
     assert [r["extra_info"]["qid"] for r in again] == [e["qid"] for e in frame["extra_info"]]
+
+
+def test_openr1_holds_out_a_seeded_validation_split_disjoint_from_training_beside_the_output(tmp_path):
+    def run(seed, output="data/openr1.parquet"):
+        return subprocess.run([sys.executable, str(REPO / "data_preprocess" / "openr1.py"), "--input",
+                               str(FIXTURES / "openr1_220k.jsonl"), "--output", output, "--valid_rows", "1",
+                               "--seed", str(seed)], capture_output=True, text=True, cwd=tmp_path)
+
+    result = run(0)
+    assert result.returncode == 0, result.stderr
+    assert "written: 2" in result.stdout and "held out for validation: 1" in result.stdout
+    train = pd.read_parquet(tmp_path / "data" / "openr1.parquet")
+    valid = pd.read_parquet(tmp_path / "data" / "openr1_valid.parquet")  # the launcher's default VAL_FILE
+    train_ids, valid_ids = ({e["qid"] for e in f["extra_info"]} for f in (train, valid))
+    everything, _ = openr1.build_rows(fixture("openr1_220k.jsonl"))
+    assert not train_ids & valid_ids and train_ids | valid_ids == {r["extra_info"]["qid"] for r in everything}
+    assert [e["split"] for e in valid["extra_info"]] == ["valid"] and [e["index"] for e in valid["extra_info"]] == [0]
+    assert [e["index"] for e in train["extra_info"]] == [0, 1]
+    # Same seed, same split; the draw follows the seed.
+    assert run(0).returncode == 0
+    assert pd.read_parquet(tmp_path / "data" / "openr1_valid.parquet")["extra_info"][0]["qid"] in valid_ids
+    drawn = set()
+    for seed in range(8):
+        assert run(seed, f"s{seed}/o.parquet").returncode == 0
+        drawn.add(pd.read_parquet(tmp_path / f"s{seed}" / "o_valid.parquet")["extra_info"][0]["qid"])
+    assert len(drawn) > 1
+    # A split that leaves nothing to train on is one line, and nothing is written.
+    result = subprocess.run([sys.executable, str(REPO / "data_preprocess" / "openr1.py"), "--input",
+                             str(FIXTURES / "openr1_220k.jsonl"), "--output", "none.parquet", "--valid_rows", "3"],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode != 0 and "--valid_rows 3 leaves none of the 3 questions" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "none.parquet").exists()
 
 
 def test_openr1_unknown_schema_names_row_and_fields():
@@ -382,7 +415,7 @@ def test_real_offline_datasets_gives_one_line_without_traceback(tmp_path):
 def test_openr1_reads_several_local_files_as_one_set(tmp_path):
     output = tmp_path / "train.parquet"
     assert openr1.main(["--input", str(FIXTURES / "openr1_46k.jsonl"), str(FIXTURES / "openr1_220k.jsonl"),
-                        "--output", str(output)]) == 0
+                        "--output", str(output), "--valid_rows", "0"]) == 0
     one = [openr1.build_rows(fixture(name))[0] for name in ("openr1_46k.jsonl", "openr1_220k.jsonl")]
     both = pd.read_parquet(output)
     assert [e["qid"] for e in both["extra_info"]] == [r["extra_info"]["qid"] for rows in one for r in rows]

@@ -12,14 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from exgrpo.config import ExGRPOConfig
-from exgrpo.pool import ExperiencePool
+from exgrpo.pool import ExperiencePool, write_atomically
 
 QID_KEY = "qid"
 PENDING_STATE_VERSION = 1
@@ -146,18 +145,9 @@ class FreshSource:
 
 
 def save_pending_qids(path: str | os.PathLike, qids: list[str]) -> None:
-    """Write deferred question ids as a small json file, atomically (temp file + rename), no pickles."""
-    folder = os.path.dirname(os.fspath(path)) or "."
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(os.fspath(path)), suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": PENDING_STATE_VERSION, "qids": [str(q) for q in qids]}, f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write deferred question ids as a small json file, atomically and durably like the pool, no pickles."""
+    payload = json.dumps({"version": PENDING_STATE_VERSION, "qids": [str(q) for q in qids]}).encode()
+    write_atomically(path, lambda f: f.write(payload))
 
 
 def load_pending_qids(path: str | os.PathLike) -> list[str]:

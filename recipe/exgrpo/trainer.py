@@ -40,7 +40,7 @@ from verl.utils.debug.metrics import calculate_debug_metrics
 from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-from exgrpo.pool import ExperiencePool
+from exgrpo.pool import ExperiencePool, remove_stale_temporaries
 from exgrpo.selection import select_lowest_entropy
 from recipe.exgrpo.composition import (
     FreshRow,
@@ -550,6 +550,7 @@ class ExGRPOTrainer(PPOTrainerSync):
         super()._save_checkpoint()
         if self.exgrpo_enabled and self.config.trainer.get("max_actor_ckpt_to_keep", None):
             prune_pool_files(self.config.trainer.default_local_dir, self.global_steps)
+            remove_checkpoint_temporaries(self.config.trainer.default_local_dir)
 
     def _resume_folder(self) -> str | None:
         """The global_step_N folder the parent just resumed from (same resolution as its _load_checkpoint)."""
@@ -565,6 +566,8 @@ class ExGRPOTrainer(PPOTrainerSync):
         return None
 
     def _load_checkpoint(self):
+        if self.exgrpo_enabled:  # before anything is saved: saves a hard kill interrupted left temporary files
+            remove_checkpoint_temporaries(self.config.trainer.default_local_dir)
         super()._load_checkpoint()
         if self.exgrpo_enabled and self.global_steps > 0:
             folder = self._resume_folder()
@@ -632,6 +635,18 @@ def prune_pool_files(root: str, current_step: int) -> list[str]:
                 os.remove(path)
                 removed.append(path)
     return removed
+
+
+def remove_checkpoint_temporaries(root: str) -> list[str]:
+    """Remove the temporary files of ExGRPO saves a hard kill interrupted, in every ``global_step_N`` under ``root``.
+
+    Called when no save is running (start-up, after a save's pruning); a pool-sized leftover would otherwise stay
+    in its checkpoint folder for good. Returns the removed paths.
+    """
+    if not os.path.isdir(root):
+        return []
+    return [str(path) for name in sorted(os.listdir(root)) if name.startswith("global_step_")
+            for path in remove_stale_temporaries(os.path.join(root, name))]
 
 
 def _scoring_record(prompts: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor) -> dict:
