@@ -10,16 +10,23 @@
 #   the authors' files with --processed), TP (tensor parallel size, 1), TEMPERATURE (0.6), TOP_P (1.0),
 #   MAX_TOKENS (8192), SEED (0), SCORE_WORKERS (8).
 # Never evaluate checkpoints on math_valid.parquet and call it a test result: it is the test questions.
+# Relative paths (CHECKPOINT_DIR, OUT_DIR, DATA_FILES) are taken from the directory you run it in, like the training
+# scripts; OUT_DIR defaults to runs/eval/<checkpoint name> there.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+repo="$(cd "$(dirname "$0")/.." && pwd)"
 
 if [ $# -lt 1 ]; then
-  sed -n '2,13p' "$0"
+  sed -n '2,15p' "$0"
   exit 2
 fi
-CKPT="$1"
-OUT_DIR="${2:-runs/eval/$(basename "$CKPT")}"
-DATA_FILES="${DATA_FILES:-data/math_test.parquet data/ood_test.parquet}"
+abspath() { python3 -c 'import os, sys; print(os.path.abspath(sys.argv[1]))' "$1"; }
+CKPT="$(abspath "$1")"
+OUT_DIR="$(abspath "${2:-runs/eval/$(basename "$CKPT")}")"
+files=()
+for f in ${DATA_FILES:-data/math_test.parquet data/ood_test.parquet}; do
+  files+=("$(abspath "$f")")
+done
+DATA_FILES="${files[*]}"
 TP="${TP:-1}"
 TEMPERATURE="${TEMPERATURE:-0.6}"
 TOP_P="${TOP_P:-1.0}"
@@ -46,6 +53,7 @@ if ! python -c "import vllm" 2>/dev/null; then
 fi
 
 mkdir -p "$OUT_DIR"
+cd "$repo"  # python -m exgrpo.evaluate from the repository; every path above is absolute
 GENS=()
 for f in $DATA_FILES; do
   name="$(basename "$f" .parquet)"

@@ -119,6 +119,12 @@ def test_eval_script_guards(tmp_path):
     # without vllm it stops before generating and points at the CPU scoring command
     assert run.returncode == 3 and "vllm is not importable" in run.stderr and "exgrpo.evaluate score" in run.stderr
     assert not (tmp_path / "out").exists()
+    # Relative paths are the caller's, as for the training scripts: the scoring command it prints names them
+    # absolute, under the directory the script was run from (not the repository).
+    rel = subprocess.run(["bash", str(script), "ckpt", "out"], capture_output=True, text=True, cwd=tmp_path,
+                         env={**env, "DATA_FILES": "bench.parquet"})
+    assert rel.returncode == 3, rel.stderr
+    assert f"--data {data} " in rel.stderr and f"--out_dir {tmp_path / 'out'}" in rel.stderr
 
 
 # ----------------------------------------------------------------------------------------------- bad input, as typed
