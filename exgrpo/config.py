@@ -96,6 +96,17 @@ class ExGRPOConfig:
         metadata={"help": "Retire a question solved by all its fresh rollouts also before the delayed start "
                   "(the authors' runs); False retires only once collection has started."},
     )
+    collect_on_start_step: bool = field(
+        default=True,
+        metadata={"help": "Collect the rollouts of the step whose fresh accuracy switches the delayed start on "
+                  "(replay can begin at the next step); False collects from the step after it, as the authors' code "
+                  "does (replay begins one step later)."},
+    )
+    rebucket_unsolved: bool = field(
+        default=True,
+        metadata={"help": "A held question whose fresh rollouts all fail moves to the accuracy-0 bucket (its "
+                  "latest accuracy); False keeps it in its old bucket, as the authors' code does."},
+    )
     retire_after: int = field(
         default=1,
         metadata={"help": "Consecutive all-correct fresh groups a question needs before it retires. 1 = the paper "
@@ -130,7 +141,8 @@ class ExGRPOConfig:
                 fail(name, "must be an integer")
             return value
 
-        for name in ("enable", "shaping", "clip_fresh_after_start", "retire_before_start"):
+        for name in ("enable", "shaping", "clip_fresh_after_start", "retire_before_start", "collect_on_start_step",
+                     "rebucket_unsolved"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "must be true or false")
         for name in ("rho", "start_acc", "mu"):

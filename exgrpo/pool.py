@@ -173,9 +173,14 @@ class ExperiencePool:
         return float(np.mean((values - lo) / (hi - lo)))
 
     def observe_step_accuracy(self, fresh_accuracy: float) -> bool:
-        """Latch collection and replay on once a step's fresh accuracy exceeds ``start_acc``; stays on."""
+        """Latch collection and replay on once a step's fresh accuracy exceeds ``start_acc``; stays on.
+
+        Returns whether this step's rollouts are collected: from the step that switches the latch on, or with
+        ``collect_on_start_step`` off (the authors' order) from the step after it.
+        """
         if not self.active and fresh_accuracy > self.config.start_acc:
             self.active = True
+            return self.config.collect_on_start_step
         return self.active
 
     # ---------------------------------------------------------------- collection
@@ -192,7 +197,7 @@ class ExperiencePool:
         Returns what happened: ``"stored"`` (partly solved: successes kept, bucket updated), ``"retired"``
         (all solved, ``retire_after`` times in a row), ``"solved"`` (all solved, but fewer times in a row than
         ``retire_after``: successes kept; binary: held in the top bucket, continuous: in the zero-spread bucket),
-        ``"unsolved"`` (none solved: a held question moves to the lowest bucket), or ``"ignored"`` (already retired,
+        ``"unsolved"`` (none solved: a held question moves to the lowest bucket, unless ``rebucket_unsolved`` is off), or ``"ignored"`` (already retired,
         or a continuous group with zero spread below the maximum: nothing stored, a held question moves to the
         zero-spread bucket).
         """
@@ -240,7 +245,7 @@ class ExperiencePool:
             self._solved_streak.pop(qid, None)  # the streak counts consecutive all-correct groups only
         if k == 0:
             held = self._questions.get(qid)
-            if held is not None:
+            if held is not None and self.config.rebucket_unsolved:
                 self._move(qid, held, bucket, accuracy, step)
             return "unsolved"
         new = [self._pack(qid, i, responses[i], log_probs[i], step, float(scores[i]))

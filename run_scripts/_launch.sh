@@ -132,6 +132,8 @@ EXGRPO_PAPER_OVERRIDES=(
   "exgrpo.entropy_agg=micro_batch_token_mean"             # 4. entropy bonus: token mean per micro-batch
   "exgrpo.skip_step_grad_norm=500.0"                      # 5. skip_grad_bound=500
   "exgrpo.retire_before_start=true"                       # 6. all-correct questions retire from step 1
+  "exgrpo.collect_on_start_step=false"                    # 8. collection from the step after the start
+  "exgrpo.rebucket_unsolved=false"                        # 9. an all-wrong held question keeps its bucket
   "trainer.val_before_train=false"                        # 7. their script's val_before_train=False
 )
 

@@ -44,6 +44,16 @@ def test_fully_solved_retires_and_unsolved_keeps_old_successes_in_bucket_zero():
     assert "q" not in pool
 
 
+def test_authors_order_keeps_an_all_wrong_held_question_in_its_old_bucket_and_accuracy():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K, rebucket_unsolved=False))
+    pool.update("q", *group([1, 1, 1, 0, 0, 0, 0, 0]), step=1)
+    assert pool.update("q", *group([0] * 8), step=2) == "unsolved"
+    assert pool.bucket_of("q") == 0.375 and pool.accuracy("q") == 0.375 and len(pool.candidates("q")) == 3
+    assert pool.bucket_counts() == {0.375: 1}
+    assert pool.update("q", *group([1, 0, 0, 0, 0, 0, 0, 0], base=10), step=3) == "stored"  # a success moves it
+    assert pool.bucket_of("q") == 0.125
+
+
 def test_replayed_question_accuracy_counts_only_its_k_minus_1_fresh_rollouts():
     pool = ExperiencePool(ExGRPOConfig(n_rollouts=K))
     pool.update("q", *group([1, 0, 0, 0, 0, 0, 0]), step=1)  # K - 1 = 7 fresh rollouts, one correct
@@ -188,6 +198,13 @@ def test_delayed_start_latches():
     assert not pool.observe_step_accuracy(0.35)
     assert pool.observe_step_accuracy(0.36)
     assert pool.observe_step_accuracy(0.0) and pool.active
+
+
+def test_authors_order_collects_from_the_step_after_the_one_that_starts_replay():
+    pool = ExperiencePool(ExGRPOConfig(start_acc=0.35, collect_on_start_step=False))
+    assert not pool.observe_step_accuracy(0.2) and not pool.active
+    assert not pool.observe_step_accuracy(0.5) and pool.active  # latched, but this step is not collected
+    assert pool.observe_step_accuracy(0.1) and pool.observe_step_accuracy(0.9)  # every later step is
 
 
 def test_success_rate_is_what_the_latch_reads():

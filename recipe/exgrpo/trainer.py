@@ -505,10 +505,10 @@ class ExGRPOTrainer(PPOTrainerSync):
         by_kind = {True: [], False: []}
         for uid, rows in per_group.items():
             by_kind[self._groups[uid].is_replay].extend(rewards[i] for i in rows)
-        active = self.pool.observe_step_accuracy(fresh_acc)
+        collect = self.pool.observe_step_accuracy(fresh_acc)
         outcomes: Counter[str] = Counter()
         skipped_log_probs = skipped_rewards = 0
-        if active:
+        if collect:
             for uid, rows in per_group.items():
                 # collect, not update: a non-finite log-prob or unreadable reward costs one trajectory or question
                 result = self.pool.collect(
@@ -529,7 +529,7 @@ class ExGRPOTrainer(PPOTrainerSync):
             metrics["exgrpo/fresh_acc_fresh_groups"] = self.pool.success_rate(by_kind[False])
         if by_kind[True]:
             metrics["exgrpo/fresh_acc_replay_groups"] = self.pool.success_rate(by_kind[True])
-        metrics["exgrpo/latch"] = float(active)
+        metrics["exgrpo/latch"] = float(self.pool.active)
         for outcome in ("stored", "solved", "retired", "unsolved", "ignored", "skipped"):  # solved: retire_after > 1
             metrics[f"exgrpo/outcome_{outcome}"] = float(outcomes[outcome])
         metrics["exgrpo/skipped_nonfinite_log_probs"] = float(skipped_log_probs)

@@ -105,6 +105,7 @@ def test_script_overrides_compose_validate_and_match_the_reference_run(name, tmp
     # The authors' training, setting for setting (issue: "The paper's runs, setting for setting").
     assert config.reward.custom_reward_function.reward_kwargs.strict_format is True
     assert (core.clip_fresh_after_start, core.retire_before_start) == (False, True)
+    assert (core.collect_on_start_step, core.rebucket_unsolved) == (False, False)
     assert core.skip_step_grad_norm == 500.0 and core.entropy_agg == "micro_batch_token_mean"
     assert actor.loss_scale_factor == 8192 * 8 / (64 * 8) and actor.clip_ratio_c >= 1e9
     assert config.trainer.val_before_train is False and actor.ppo_max_token_len_per_gpu == 32768
@@ -308,6 +309,7 @@ def test_recipe_profile_keeps_the_safe_defaults_and_the_paper_loss_scale_follows
     config = compose_config(run_launcher(env).stdout.splitlines())
     core, _ = load_settings_checked(config)
     assert core.clip_fresh_after_start and not core.retire_before_start and core.skip_step_grad_norm is None
+    assert core.collect_on_start_step and core.rebucket_unsolved
     assert core.entropy_agg == "loss_agg_mode" and config.actor_rollout_ref.actor.loss_scale_factor == 8192
     assert "reward_kwargs" not in config.reward.custom_reward_function
     # The authors' scale 8192 x data-parallel ranks / sequences per mini-batch, from whatever the user overrides:
