@@ -1,10 +1,11 @@
 """The verifier under pathological answers, and what its pre-check costs on ordinary ones.
 
-Three measurements of ``exgrpo.reward.compute_score`` with its default settings (time limit, worker count):
+Four measurements of ``exgrpo.reward.compute_score`` with its default settings (time limit, worker count):
 
     python benchmarks/verifier_adversarial.py              # adversarial suite from 8 threads: wall time, all 0
     python benchmarks/verifier_adversarial.py --overhead   # pre-check cost per call on ordinary answers
     python benchmarks/verifier_adversarial.py --legit      # slowest legitimate grades, pre-check on vs off
+    python benchmarks/verifier_adversarial.py --size       # nested fractions, answer-size check on vs off
 
 ``--legit`` grades generated real-looking responses (several formats per ground truth of
 ``../shared/data/benchmarks``) and every ground truth boxed, one call at a time, once with the pre-check and once
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -89,7 +91,14 @@ def adversarial_cases() -> dict[str, tuple[str, str]]:
         "repeated boxed display opener": (THINK + "\\boxed{\\[" * 2000, "2"),
         "repeated inline-math opener": (THINK + "\\(" * 20_000, "2"),
         "50,000 numbers separated by spaces": (THINK + " 1" * 50_000, "2"),
+        "4,000 nested fractions (40,001 characters)": (_boxed(nested_fraction(4000)), "2"),
+        "4,000 nested fractions in display math": (f"{THINK}So \\[{nested_fraction(4000)}\\].", "2"),
     }
+
+
+def nested_fraction(depth: int) -> str:
+    """``\\frac{1}{\\frac{1}{...1...}}``, 10 characters a level: math-verify's normalisation is quadratic in it."""
+    return "\\frac{1}{" * depth + "1" + "}" * depth
 
 
 def legitimate_cases() -> list[tuple[str, str, float]]:
@@ -297,6 +306,39 @@ def measure_overhead(calls: int = 600, rounds: int = 9) -> dict[str, Any]:
             "tree_check_us": per_call_us(reward.precheck_tree, trees), "trees": len(trees)}
 
 
+def measure_size_check(repeats: int = 3) -> dict[str, Any]:
+    """Grade time of nested fractions with the calling process's size check and without it, medians in ms.
+
+    Without it = both size limits set to infinity, which is the code before the check (the only difference). The
+    answers: 4,000 levels (40,001 characters, over the 10,000-character group limit) in each math delimiter
+    math-verify extracts, and 990 levels (9,901 characters, just under it): the most a group can cost.
+    """
+    forms = {"\\boxed{}": "The final answer is \\boxed{%s}.", "$...$": "So $%s$.", "\\[...\\]": "So \\[%s\\].",
+             "\\(...\\)": "So \\(%s\\)."}
+    pool = reward.get_pool()
+    pool.warm_up(1)
+    limits = (reward.PRECHECK_MAX_ANSWER_CHARS, reward.PRECHECK_MAX_GROUP_CHARS)
+    report: dict[str, Any] = {}
+    try:
+        for depth in (4000, 990):
+            for name, form in forms.items():
+                response = THINK + form % nested_fraction(depth)
+                row = {}
+                for label, (answer_limit, group_limit) in (("with", limits), ("without", (math.inf, math.inf))):
+                    reward.PRECHECK_MAX_ANSWER_CHARS, reward.PRECHECK_MAX_GROUP_CHARS = answer_limit, group_limit
+                    times = []
+                    for _ in range(repeats):
+                        start = time.perf_counter()
+                        result = reward.compute_score("math", response, "2")
+                        times.append(time.perf_counter() - start)
+                    row[f"{label}_ms"] = round(1e3 * statistics.median(times), 1)
+                    row[f"{label}_error"] = result["error"][:60]
+                report[f"{len(nested_fraction(depth))} chars {name}"] = row
+    finally:
+        reward.PRECHECK_MAX_ANSWER_CHARS, reward.PRECHECK_MAX_GROUP_CHARS = limits
+    return report
+
+
 def measure_legit(limit: int | None = None) -> dict[str, Any]:
     """Slowest legitimate grades, one call at a time, pre-check on and off: scores must agree exactly.
 
@@ -344,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--overhead", action="store_true", help="pre-check cost per call on ordinary answers")
     parser.add_argument("--legit", action="store_true", help="slowest legitimate grades, pre-check on vs off")
+    parser.add_argument("--size", action="store_true", help="nested fractions with the answer-size check and without")
     parser.add_argument("--limit", type=int, default=None, help="--legit: grade only the first N items")
     parser.add_argument("--repeats", type=int, default=3, help="adversarial suite: runs (median reported)")
     args = parser.parse_args(argv)
@@ -351,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
           f"time limit {reward.DEFAULT_TIMEOUT_S:g} s", flush=True)
     if args.overhead:
         print(json.dumps(measure_overhead(), indent=1))
+    elif args.size:
+        for key, value in measure_size_check().items():
+            print(f"{key}: {json.dumps(value)}")
     elif args.legit:
         for key, value in measure_legit(args.limit).items():
             print(f"{key}: {json.dumps(value)}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import json
+import logging
 import math
 import os
 import re
@@ -65,6 +66,12 @@ PRED_CHARS = 200  # diagnostic "pred" is clipped: it ends up in verl's per-sampl
 
 # Multiple-choice benchmarks, by normalised data_source prefix. Everything else is graded as math.
 MULTIPLE_CHOICE_PREFIXES = ("arc", "gpqa", "mmlu", "ai2_arc", "mc_")
+# The math data sources this project's preprocessors write (data_preprocess/: openr1.py, math_benchmarks.py, the
+# authors' processed files, synthetic.py). Any other source is graded as math too, with one warning per source:
+# a typo'd or foreign data_source would otherwise be graded as math without a word, also when it was meant to be
+# multiple choice.
+KNOWN_MATH_SOURCES = frozenset({"openr1", "aime", "aime25", "amc", "math", "minerva", "olympiad_bench",
+                                "synthetic_arith"})
 
 RESULT_KEYS = ("score", "acc", "pred", "timeout", "error")
 
@@ -75,10 +82,36 @@ def _result(score: float = 0.0, pred: str = "", timeout: bool = False, error: st
             "error": error[:PRED_CHARS]}
 
 
+def _normalised_source(data_source: Any) -> str:
+    return str(data_source).strip().lower().replace("-", "_").replace("/", "_")
+
+
 def is_multiple_choice(data_source: str) -> bool:
     """Whether ``data_source`` names a multiple-choice benchmark (graded by option label, not math-verify)."""
-    name = str(data_source).strip().lower().replace("-", "_").replace("/", "_")
-    return name.startswith(MULTIPLE_CHOICE_PREFIXES)
+    return _normalised_source(data_source).startswith(MULTIPLE_CHOICE_PREFIXES)
+
+
+_logger = logging.getLogger("exgrpo.reward")  # a fixed name: verl loads this file by path under another name
+_WARNED_SOURCES: set[str | None] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def _warn_unknown_source(data_source: Any) -> None:
+    """Say once per process that an unknown (or missing) data_source is graded as math.
+
+    Once, not per call: verl grades thousands of rollouts a step, and one line says all there is to say.
+    """
+    key = None if data_source is None or not str(data_source).strip() else _normalised_source(data_source)
+    if key in KNOWN_MATH_SOURCES:
+        return
+    with _WARNED_LOCK:
+        if key in _WARNED_SOURCES:
+            return
+        _WARNED_SOURCES.add(key)
+    what = "no data_source" if key is None else f"unknown data_source {str(data_source)!r}"
+    _logger.warning("exgrpo.reward: %s: graded as math with math-verify (known math sources: %s; multiple choice: "
+                    "names starting with %s)", what, ", ".join(sorted(KNOWN_MATH_SOURCES)),
+                    ", ".join(MULTIPLE_CHOICE_PREFIXES))
 
 
 def answer_section(solution_str: str, think_end_tag: str | None = THINK_END_TAG,
@@ -166,6 +199,14 @@ def _score_choice(answer: str, ground_truth: str) -> dict[str, Any]:
 # instead of a worker's full time limit. Every limit sits far above what real answers use (the benchmark ground
 # truths and generated responses: benchmarks/README.md) and below the size where its cost was measured to explode.
 
+# The answer's size, checked in the calling process before anything goes to a worker: math-verify's extraction
+# normalises every math group it tries (the content of \boxed{}, $...$, $$...$$, \[...\], \(...\), [...]) with
+# regexes that are quadratic in the group's length, before the candidate check below can see it: a 40,000-character
+# nested \frac cost 1.7 s of a worker at load 4, 10,000 characters 0.15 s (benchmarks/README.md).
+PRECHECK_MAX_ANSWER_CHARS = 100_000  # the graded section (a whole response without </think>): 8,192 generated
+#                                      tokens are ~33 kB at ~4 characters a token; the legitimate items: at most ~20 kB
+PRECHECK_MAX_GROUP_CHARS = 10_000  # one math group: 10x the longest candidate the worker accepts (1,000), ~50x the
+#                                    longest ground truth (210); the legitimate items' longest group: ~1 kB
 PRECHECK_MAX_UNCLOSED_MATH = 16  # `\[` (or `\(`) openers between two closers: each one rescans the text after it
 PRECHECK_MAX_NUMBER_RUN = 1000  # numbers separated only by whitespace, in a row: math-verify's number regex
 #                                 rescans the run from every one of them
@@ -212,13 +253,93 @@ _LONG_NUMBER_RE = re.compile(r"\d{6}")  # 100000 and more: binomial(10^5, 5 10^4
 _BIG_EXPONENT_RE = re.compile(r"\^\s*\{?[^}]*(?:\d{6}|\^)")  # an exponent of 100000+ or an exponent tower
 
 
+_BOX_OR_BRACE_RE = re.compile(r"\\(?:boxed|fbox)\s*\{|[{}]")
+_SQUARE_GROUP_RE = re.compile(r"\[[^\n\[\]]*\]")  # math-verify's " [...] " group, whitespace checked apart: a
+#                                                 pattern that starts with "[" is found ~10x faster than with \s
+
+
+def _longest_boxed(text: str) -> int:
+    """Length of the longest \\boxed{}/\\fbox{} content, in one pass over the braces.
+
+    Brace by brace with a stack rather than a scan per box, so thousands of boxes stay linear. Braces are counted
+    as math-verify counts them; like math-verify, an unclosed box runs to the end of the text only when it is the
+    last box (an earlier one is never extracted).
+    """
+    first = min((i for i in (text.find("\\boxed"), text.find("\\fbox")) if i >= 0), default=-1)
+    if first < 0:
+        return 0
+    longest, stack, last = 0, [], -1  # content start of each open box (-1 for an ordinary brace), of the last box
+    for match in _BOX_OR_BRACE_RE.finditer(text, first):
+        token = match.group()
+        if token == "}":
+            if stack:
+                start = stack.pop()
+                if start >= 0:
+                    longest = max(longest, match.start() - start)
+        elif token == "{":
+            stack.append(-1)
+        else:
+            stack.append(match.end())
+            last = match.end()
+    return max(longest, len(text) - last if last in stack else 0)
+
+
+def _between(text: str, opener: str, closer: str) -> int:
+    """Longest span from an ``opener`` to the next ``closer`` (what a lazy opener...closer regex captures)."""
+    longest = 0
+    for segment in text.split(closer)[:-1]:
+        start = segment.find(opener)
+        if start >= 0:
+            longest = max(longest, len(segment) - start - len(opener))
+    return longest
+
+
+def _longest_math_group(text: str, limit: int) -> tuple[str, int] | None:
+    """The first kind of math group longer than ``limit`` characters and its length, or None.
+
+    Groups as math-verify's extraction regexes delimit them (approximately: an escaped \\$ ends an inline group
+    here): display math may span lines, inline math cannot, so only lines longer than the limit are searched for it.
+    """
+    if len(text) <= limit:
+        return None
+    longest = _longest_boxed(text)
+    if longest > limit:
+        return "\\boxed{}", longest
+    for opener, closer in (("$$", "$$"), ("\\[", "\\]")):
+        if opener in text:
+            longest = _between(text, opener, closer) if opener != closer else max(
+                map(len, text.split(opener)[1:-1:2]), default=0)
+            if longest > limit:
+                return f"{opener}...{closer}", longest
+    for line in text.split("\n"):
+        if len(line) <= limit:
+            continue
+        longest = max(map(len, line.split("$")[1:-1:2]), default=0)
+        if longest > limit:
+            return "$...$", longest
+        longest = _between(line, "\\(", "\\)")
+        if longest > limit:
+            return "\\(...\\)", longest
+        longest = max((m.end() - m.start() - 2 for m in _SQUARE_GROUP_RE.finditer(line)
+                       if line[m.start() - 1: m.start()].isspace() and line[m.end(): m.end() + 1].isspace()), default=0)
+        if longest > limit:
+            return "[...]", longest
+    return None
+
+
 def precheck_text(answer: str) -> str | None:
     """Why math-verify's answer *extraction* would be super-linear on this text, or None.
 
-    Runs on the whole answer section (it may be a full response when there is no ``</think>``), so it only
-    looks for degenerate repetition that no written solution has; measured on 4 kB of it: 0.3 s, growing with
-    the square of the length.
+    Runs on the whole answer section (it may be a full response when there is no ``</think>``), in the calling
+    process, so the worker never sees such a text: the section's length and each math group's length (its
+    normalisation is quadratic in it), then degenerate repetition that no written solution has (measured on 4 kB of
+    it: 0.3 s, growing with the square of the length).
     """
+    if len(answer) > PRECHECK_MAX_ANSWER_CHARS:
+        return f"answer section of {len(answer)} characters (limit {PRECHECK_MAX_ANSWER_CHARS})"
+    group = _longest_math_group(answer, PRECHECK_MAX_GROUP_CHARS)
+    if group is not None:
+        return f"{group[0]} group of {group[1]} characters (limit {PRECHECK_MAX_GROUP_CHARS})"
     for opener, closer in (("\\[", "\\]"), ("\\(", "\\)")):
         if answer.count(opener) > PRECHECK_MAX_UNCLOSED_MATH:
             worst = max(segment.count(opener) for segment in answer.split(closer))
@@ -900,6 +1021,9 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
             ground_truth = ground_truth[0]
         if ground_truth is None or (isinstance(ground_truth, str) and not ground_truth.strip()):
             return _result(error="empty ground truth")
+        if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int, float)):
+            # str() of a dict or a list is no answer anyone wrote: grading it would be a silent, wrong zero or one
+            return _result(error=f"ground truth is a {type(ground_truth).__name__}, not a string or number")
         answer = answer_section(solution_str, think_end_tag, strict_format)
         if answer is None:
             return _result(error=f"no {think_end_tag} in response (strict_format)")
@@ -907,6 +1031,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
             return _result(error="empty answer")
         if is_multiple_choice(data_source):
             return _score_choice(answer, str(ground_truth))
+        _warn_unknown_source(data_source)
         precheck = bool(kwargs.get("precheck", True))
         if precheck:
             reason = precheck_text(answer)

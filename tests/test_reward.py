@@ -349,3 +349,109 @@ def test_worker_recycled_after_max_calls():
         assert pool.restarts == 0  # recycling is not a failure
     finally:
         pool.close()
+
+
+# ----------------------------------------------------------------------------------------------- data source, ground truth
+@pytest.fixture
+def fresh_warnings(monkeypatch, caplog):
+    """No source warned yet in this process, and the reward's warnings captured."""
+    monkeypatch.setattr(reward, "_WARNED_SOURCES", set())
+    caplog.set_level("WARNING", logger="exgrpo.reward")
+    return caplog
+
+
+def _source_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "exgrpo.reward" and r.levelname == "WARNING"]
+
+
+def test_unknown_or_missing_data_source_is_graded_as_math_with_one_warning_per_source(fresh_warnings):
+    for _ in range(3):
+        assert compute_score("my_math", "<think></think>\\boxed{2}", "2")["score"] == 1.0
+    for source in (None, "", "  "):
+        assert compute_score(source, "<think></think>\\boxed{2}", "2")["score"] == 1.0
+    assert compute_score("MY-MATH", "<think></think>\\boxed{3}", "2")["score"] == 0.0  # same source, normalised
+    assert compute_score("other", "<think></think>\\boxed{2}", "2")["score"] == 1.0
+    known = ", ".join(sorted(reward.KNOWN_MATH_SOURCES))
+    tail = f" graded as math with math-verify (known math sources: {known}; multiple choice: names starting with " \
+           f"{', '.join(reward.MULTIPLE_CHOICE_PREFIXES)})"
+    assert _source_warnings(fresh_warnings) == [f"exgrpo.reward: unknown data_source 'my_math':{tail}",
+                                                f"exgrpo.reward: no data_source:{tail}",
+                                                f"exgrpo.reward: unknown data_source 'other':{tail}"]
+
+
+def test_known_sources_do_not_warn(fresh_warnings):
+    for source in sorted(reward.KNOWN_MATH_SOURCES):
+        assert compute_score(source, "<think></think>\\boxed{2}", "2")["score"] == 1.0
+    for source in ("arc_c", "gpqa", "mmlu_pro"):
+        assert compute_score(source, "<think></think>\\boxed{B}", "B")["score"] == 1.0
+    assert _source_warnings(fresh_warnings) == []
+
+
+def test_every_math_source_the_preprocessors_write_is_known(shared_benchmarks):
+    import pandas as pd
+
+    from data_preprocess import math_benchmarks, openr1, synthetic
+
+    written = {spec.data_source for spec in math_benchmarks.BENCHMARKS.values()}
+    written |= {openr1.DEFAULT_DATA_SOURCE, synthetic.DATA_SOURCE}
+    for name in ("math_test.parquet", "math_valid.parquet"):  # the authors' processed files keep their sources
+        written |= set(pd.read_parquet(shared_benchmarks / name, columns=["data_source"])["data_source"])
+    assert written <= reward.KNOWN_MATH_SOURCES
+
+
+@pytest.mark.parametrize(("gold", "kind"), [({"answer": "2"}, "dict"), (["2", "3"], "list"), (True, "bool"),
+                                            ({2}, "set"), (b"2", "bytes")])
+def test_a_ground_truth_that_is_neither_a_string_nor_a_number_scores_zero_naming_its_type(gold, kind, monkeypatch):
+    monkeypatch.setattr(reward, "get_pool", lambda: pytest.fail("sent to a worker"))
+    for source in ("math", "gpqa"):
+        result = compute_score(source, "<think></think>\\boxed{2}", gold)
+        assert result == {"score": 0.0, "acc": False, "pred": "", "timeout": False,
+                          "error": f"ground truth is a {kind}, not a string or number"}
+
+
+def test_numbers_and_one_element_lists_are_still_ground_truths():
+    import numpy as np
+
+    assert math_score("<think></think>\\boxed{2}", 2) == 1.0
+    assert math_score("<think></think>\\boxed{2.5}", 2.5) == 1.0
+    assert math_score("<think></think>\\boxed{2}", np.int64(2)) == 1.0
+    assert math_score("<think></think>\\boxed{2}", np.array(["2"])) == 1.0
+
+
+# ----------------------------------------------------------------------------------------------- answer size
+def _nested_fraction(depth: int) -> str:
+    return "\\frac{1}{" * depth + "1" + "}" * depth
+
+
+@pytest.mark.parametrize(("response", "reason"), [
+    (f"<think></think>The answer is \\boxed{{{_nested_fraction(4000)}}}.", "\\boxed{} group of 40001 characters"),
+    (f"<think></think>So ${_nested_fraction(4000)}$.", "$...$ group of 40001 characters"),
+    (f"<think></think>So $${_nested_fraction(4000)}$$.", "$$...$$ group of 40001 characters"),
+    (f"<think></think>So \\[{_nested_fraction(4000)}\\].", "\\[...\\] group of 40001 characters"),
+    (f"<think></think>So \\({_nested_fraction(4000)}\\).", "\\(...\\) group of 40001 characters"),
+    (f"<think></think>So [{_nested_fraction(4000)}] ok", "[...] group of 40001 characters"),
+    ("<think></think>" + "We check the cases. " * 5001 + "\\boxed{2}", "answer section of 100029 characters"),
+])
+def test_an_answer_too_large_to_extract_is_rejected_before_any_worker_sees_it(response, reason, monkeypatch):
+    monkeypatch.setattr(reward, "get_pool", lambda: pytest.fail("sent to a worker"))
+    limit = reward.PRECHECK_MAX_ANSWER_CHARS if "section" in reason else reward.PRECHECK_MAX_GROUP_CHARS
+    result = compute_score("math", response, "2")
+    assert result["score"] == 0.0 and result["error"] == f"pre-check: {reason} (limit {limit})"
+
+
+def test_size_limits_sit_at_their_values_and_count_groups_as_math_verify_extracts_them():
+    text, limit = reward.precheck_text, reward.PRECHECK_MAX_GROUP_CHARS
+    filler = "x" * (limit - 10)  # 10 characters of \frac{1}{}
+    for opener, closer in (("\\boxed{", "}"), ("$", "$"), ("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), (" [", "] ")):
+        assert text(f"a {opener}\\frac{{1}}{{{filler}}}{closer} b") is None, opener
+        assert text(f"a {opener}\\frac{{1}}{{{filler}x}}{closer} b").endswith(f"of {limit + 1} characters (limit "
+                                                                              f"{limit})"), opener
+    assert text("y" * reward.PRECHECK_MAX_ANSWER_CHARS) is None
+    assert text("y" * (reward.PRECHECK_MAX_ANSWER_CHARS + 1)).startswith("answer section of 100001 characters")
+    # inline math ends at a line break; display math does not
+    assert text("$" + "\n".join(["x" * 100] * 200) + "$") is None
+    assert text("$$" + "\n".join(["x" * 100] * 200) + "$$").startswith("$$...$$ group of 20199 characters")
+    # an unclosed box runs to the end only when it is the last box (math-verify never extracts an earlier one)
+    assert text("\\boxed{\\left\\{ x \\right." + "y" * 20_000 + "\\boxed{2}") is None
+    assert text("\\boxed{2} then \\boxed{" + "y" * 20_000).startswith("\\boxed{} group of 20000 characters")
+    assert text("\\boxed{" * 10_000 + "}" * 10_000).startswith("\\boxed{} group of 79992 characters")
