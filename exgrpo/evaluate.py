@@ -77,7 +77,16 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if missing:
         raise InputError(f"data file {path} lacks column(s) {missing} (has {sorted(frame.columns)}); give a benchmark "
                          "file written by data_preprocess/math_benchmarks.py or ood_benchmarks.py")
-    return frame.to_dict(orient="records")
+    rows = frame.to_dict(orient="records")
+    for position, row in enumerate(rows):
+        model = row["reward_model"]
+        truth = model.get("ground_truth") if isinstance(model, Mapping) else None
+        if truth is None:
+            raise InputError(f"data file {path} row {position}: no reward_model.ground_truth")
+        if isinstance(truth, bool) or not isinstance(truth, (str, int, float)):  # str() of it would be graded
+            raise InputError(f"data file {path} row {position}: reward_model.ground_truth is a "
+                             f"{type(truth).__name__}, not a string or number")
+    return rows
 
 
 def questions_by_qid(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:

@@ -178,3 +178,15 @@ def test_missing_or_foreign_files_are_one_line_before_any_grading(tmp_path, caps
     assert capsys.readouterr().err == f"exgrpo.evaluate: error: generations file {tmp_path / 'g.jsonl'} has no lines: " \
                                       "nothing to score\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_ground_truth_that_is_not_a_string_or_number_is_named_before_grading(tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "bench.parquet"
+    prompt = [{"role": "user", "content": "1+1?"}]
+    pd.DataFrame({"data_source": ["math", "math"], "prompt": [prompt, prompt],
+                  "reward_model": [{"ground_truth": {"value": "2"}}, {"ground_truth": {"value": "3"}}]}).to_parquet(path)
+    result = _evaluate("selfcheck", "--data", str(path))
+    assert (result.returncode, result.stderr) == (2, f"exgrpo.evaluate: error: data file {path} row 0: "
+                                                     "reward_model.ground_truth is a dict, not a string or number\n")
