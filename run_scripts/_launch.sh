@@ -71,6 +71,15 @@ exgrpo_check_context() {
   fi
 }
 
+# exgrpo_check_rows FILE WHAT: the file must be a parquet file with at least one row (verl would start a cluster and
+# then fail, or train on nothing).
+exgrpo_check_rows() {
+  local rows
+  rows="$(python3 -c 'import sys, pyarrow.parquet as pq; print(pq.ParquetFile(sys.argv[1]).metadata.num_rows)' \
+    "$1" 2>/dev/null)" || exgrpo_fail "$2 $1 is not a readable parquet file"
+  [ "$rows" -gt 0 ] || exgrpo_fail "$2 $1 has no rows"
+}
+
 exgrpo_check_chat_template() {
   local tok="$MODEL_PATH/tokenizer_config.json"
   if [ -f "$tok" ] && ! grep -q '"chat_template"' "$tok" && [ ! -f "$MODEL_PATH/chat_template.jinja" ]; then
@@ -221,6 +230,8 @@ exgrpo_launch() {
     "python data_preprocess/openr1.py --output $train_file, or set TRAIN_FILE / DATA_DIR)"
   [ -f "$val_file" ] || exgrpo_fail "validation file $val_file not found (python data_preprocess/openr1.py writes" \
     "it beside the training file; or set VAL_FILE / DATA_DIR)"
+  exgrpo_check_rows "$train_file" "training file"
+  exgrpo_check_rows "$val_file" "validation file"
   local max_prompt="${MAX_PROMPT_LENGTH:-1024}" max_response="${MAX_RESPONSE_LENGTH:-8192}"
   exgrpo_check_context $((max_prompt + max_response))
   local template_override=()

@@ -54,12 +54,19 @@ def run_launcher(env_extra, name="launcher"):
     return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=60)
 
 
+def one_row_parquet(path):
+    import pandas as pd
+
+    pd.DataFrame({"prompt": [[{"role": "user", "content": "1+1?"}]], "data_source": ["openr1"]}).to_parquet(path)
+    return path
+
+
 @pytest.fixture
 def data_dir(tmp_path):
     folder = tmp_path / "data"
     folder.mkdir()
-    (folder / "openr1.parquet").write_bytes(b"")
-    (folder / "openr1_valid.parquet").write_bytes(b"")
+    one_row_parquet(folder / "openr1.parquet")
+    one_row_parquet(folder / "openr1_valid.parquet")
     return folder
 
 
@@ -132,6 +139,19 @@ def test_missing_model_path_data_or_short_context_are_clear_errors(tmp_path, dat
     # The base model's script brings its template, so a folder without one is fine there.
     result = run_script("llama3.1_8b_exgrpo.sh", {"MODEL_PATH": str(bare), "DATA_DIR": str(data_dir), "DRY_RUN": "1"})
     assert result.returncode == 0, result.stderr
+    # Data files verl could not train on: refused by the launcher in one line, before anything starts.
+    import pandas as pd
+
+    empty = tmp_path / "empty.parquet"
+    pd.DataFrame({"prompt": []}).to_parquet(empty)
+    (tmp_path / "notes.parquet").write_text("not parquet")
+    for variable, path, message in (("TRAIN_FILE", empty, "training file"), ("VAL_FILE", empty, "validation file"),
+                                    ("TRAIN_FILE", tmp_path / "notes.parquet", "training file")):
+        result = run_script(name, {"MODEL_PATH": str(model), "DATA_DIR": str(data_dir), "DRY_RUN": "1",
+                                   variable: str(path)})
+        expected = "has no rows" if path == empty else "is not a readable parquet file"
+        assert result.returncode == 2 and f"error: {message} {path} {expected}" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
     quoted = tmp_path / "quoted.jinja"
     quoted.write_text("{{ 'x' }}")
     result = run_script(name, {"MODEL_PATH": str(model), "DATA_DIR": str(data_dir), "DRY_RUN": "1",
