@@ -199,7 +199,7 @@ class ExperiencePool:
         ``retire_after``: successes kept; binary: held in the top bucket, continuous: in the zero-spread bucket),
         ``"unsolved"`` (none solved: a held question moves to the lowest bucket, unless ``rebucket_unsolved`` is off), or ``"ignored"`` (already retired,
         or a continuous group with zero spread below the maximum: nothing stored, a held question moves to the
-        zero-spread bucket).
+        zero-spread bucket unless ``rebucket_unsolved`` is off).
         """
         qid = str(qid)
         n = _group_size(qid, rewards, responses, log_probs)
@@ -225,10 +225,10 @@ class ExperiencePool:
                     return self._retire(qid)
                 # Zero spread is the bucket either way: the latest group held no learning signal, and mu = 1 puts
                 # that bucket furthest from the sampler's favourite (as accuracy 0 and 1 are for binary rewards).
-                if float(scores.mean()) < hi - 1e-9:
+                if float(scores.mean()) < hi - 1e-9:  # nothing above the mean: as "unsolved" is for binary rewards
                     self._solved_streak.pop(qid, None)
                     held = self._questions.get(qid)
-                    if held is not None:
+                    if held is not None and self.config.rebucket_unsolved:
                         self._move(qid, held, 0.0, float(np.mean(scores)), step)
                     return "ignored"
                 successes = np.ones(n, dtype=bool)  # solved, not yet retire_after times: keep them all

@@ -267,6 +267,11 @@ def test_continuous_flat_group_below_the_maximum_moves_a_held_question_to_the_ze
     assert draws["wide"] > 1980
     assert pool.stats()["pool/spread_bucket_0.000"] == 1 and pool.stats()["pool/spread_bucket_1.000"] == 1
     assert not any(k.startswith("pool/bucket_") for k in pool.stats())
+    # the authors' switch treats such a group as it treats an all-wrong binary one: the question keeps its bucket
+    kept = ExperiencePool(ExGRPOConfig(n_rollouts=4, reward_type="continuous", rebucket_unsolved=False), seed=0)
+    kept.update("q", *group([0.0, 1.0, 0.0, 1.0]), step=1)
+    assert kept.update("q", *group([0.3] * 4, base=20), step=2) == "ignored"
+    assert kept.bucket_of("q") == 1.0 and kept.accuracy("q") == 0.5
 
 
 def test_delayed_start_under_continuous_rewards_reads_the_mean_reward_normalised_by_the_range():
