@@ -57,6 +57,9 @@ ARMS: dict[str, list[str]] = {
     "exgrpo_retire2": ["exgrpo.retire_after=2"],
     "exgrpo_select_random": ["exgrpo.select=random"],
     "exgrpo_no_shaping": ["exgrpo.shaping=false"],
+    # graded partial credit as continuous rewards (exgrpo/graded_reward.py; benchmarks/continuous_rewards.py)
+    "grpo_graded": ["exgrpo.enable=false", "trainer.reward=graded", "exgrpo.reward_type=continuous"],
+    "exgrpo_graded": ["trainer.reward=graded", "exgrpo.reward_type=continuous"],
 }
 MAIN_ARMS = ("grpo", "exgrpo")
 # two-sided 95 % Student t quantiles by degrees of freedom
@@ -78,6 +81,13 @@ def prepare(regime: str, args: argparse.Namespace) -> None:
     lock_path = Path(args.out) / ".warm_start.lock"
     with lock_path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if cfg.data.build_synthetic and not all(Path(p).exists() for p in (cfg.data.train_file, cfg.data.test_file)):
+            from data_preprocess.synthetic import build_splits  # as train() would, but before reading them here
+
+            frames = build_splits(cfg.data.n_train_per_level, cfg.data.n_test_per_level, cfg.data.seed)
+            for frame, path in zip(frames, (cfg.data.train_file, cfg.data.test_file), strict=True):
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                frame.to_parquet(path, index=False)
         tokenizer = tm.build_tokenizer()
         questions = load_questions(cfg.data.train_file, tokenizer)
         tm.load_or_build(cfg.trainer.model_cache, [q.prompt for q in questions], [q.ground_truth for q in questions],
