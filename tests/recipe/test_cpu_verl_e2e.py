@@ -1,10 +1,12 @@
-"""verl's whole training loop on a CPU, through the command a user runs: ``run_scripts/cpu_verl_exgrpo.sh``.
+"""verl's whole training loop on a CPU, through the commands a user runs: the GPU scripts' CPU twins.
 
-Each run is the script in a subprocess, started from a scratch directory (relative paths, as a user would), with
-its own Ray, vLLM CPU server, agent-loop and reward workers and FSDP2 actor, and a hard timeout: a failed weight
-sync was seen to hang the trainer instead of failing it. The tiny model is warm-started once into the repository's
-cache/verl_cpu (about 2 minutes, before the runs and outside their time limit), then each run takes 1.5-2
-minutes on two cores.
+``EXGRPO_DEVICE=cpu bash run_scripts/<GPU script>.sh`` runs that script's own configuration (the paper profile,
+its chat template, every override) through verl on the CPU, with only the CPU profile's device, size and engine
+keys changed; ``run_scripts/cpu_verl_exgrpo.sh`` is the same for the recipe's defaults. Each run is a script in a
+subprocess, started from a scratch directory (relative paths, as a user would), with its own Ray, vLLM CPU server,
+agent-loop and reward workers and FSDP2 actor, and a hard timeout: a failed weight sync was seen to hang the
+trainer instead of failing it. The tiny model is warm-started once into the repository's cache/verl_cpu (a few
+minutes, before the runs and outside their time limit), then each run takes 1-2 minutes on two cores.
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ pytest.importorskip("vllm")
 
 from recipe_helpers import REPO  # noqa: E402
 
-SCRIPT = REPO / "run_scripts" / "cpu_verl_exgrpo.sh"
-TIMEOUT_S = 900  # a run takes 1.5-2 min on two idle cores; the limit only guards against a hang
+SCRIPTS = REPO / "run_scripts"
+PAPER = SCRIPTS / "qwen2.5_math_7b_exgrpo.sh"  # the authors' training, as every GPU script composes it
+PAPER_GRPO = SCRIPTS / "qwen2.5_math_7b_grpo.sh"
+RECIPE = SCRIPTS / "cpu_verl_exgrpo.sh"  # the recipe's defaults
+TIMEOUT_S = 900  # a run takes 1-2 min on two idle cores; the limit only guards against a hang
 STEPS = 3
+SKIPPED = "actor/exgrpo/update_skipped"
 
 
 def _require_vllm_metadata() -> None:
@@ -50,16 +56,22 @@ class Run:
         return self.output[-n:]
 
 
-def run_job(workdir: Path, ckpt_dir: Path, name: str, *overrides: str) -> Run:
-    """The CPU job as a user starts it, killed with its whole process group if it outlives the timeout."""
+_USER_ENV = ("RAY_ADDRESS", "MODEL_PATH", "CKPT_DIR", "DATA_DIR", "TRAIN_FILE", "VAL_FILE", "EXGRPO_PROFILE",
+             "CHAT_TEMPLATE", "MAX_PROMPT_LENGTH", "MAX_RESPONSE_LENGTH", "N_GPUS_PER_NODE", "ROLLOUT_TP")
+
+
+def run_job(workdir: Path, ckpt_dir: Path, name: str, *overrides: str, script: Path = PAPER,
+            env_extra: dict[str, str] | None = None) -> Run:
+    """A script's CPU twin as a user starts it, killed with its whole process group if it outlives the timeout."""
     _require_vllm_metadata()
     workdir.mkdir(parents=True, exist_ok=True)
     metrics_file = workdir / f"{name}.jsonl"
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MODEL_PATH", "CKPT_DIR")}
-    env.update(CKPT_DIR=os.path.relpath(ckpt_dir, workdir), VERL_FILE_LOGGER_PATH=str(metrics_file))
+    env = {k: v for k, v in os.environ.items() if k not in _USER_ENV}
+    env.update(EXGRPO_DEVICE="cpu", CKPT_DIR=os.path.relpath(ckpt_dir, workdir),
+               VERL_FILE_LOGGER_PATH=str(metrics_file), **(env_extra or {}))
     proc = subprocess.Popen(
-        ["bash", str(SCRIPT), *overrides], cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
+        ["bash", os.path.relpath(script, workdir), *overrides], cwd=workdir, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:
         output, _ = proc.communicate(timeout=TIMEOUT_S)
@@ -100,89 +112,113 @@ def job_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cpu_verl_job")
 
 
+def train_steps(run: Run, key: str = "actor/pg_loss") -> list[int]:
+    return sorted(s for s, m in run.metrics.items() if key in m)
+
+
+def assert_clean_exit(run: Run) -> None:
+    assert run.returncode == 0, run.tail()
+    assert "Traceback" not in run.output, run.tail()
+
+
 @pytest.fixture(scope="module")
-def exgrpo_run(job_root) -> Run:
-    return run_job(job_root / "user", job_root / "ckpt", "exgrpo", f"trainer.total_training_steps={STEPS}",
+def paper_run(job_root) -> Run:
+    return run_job(job_root / "user", job_root / "paper_ckpt", "paper", f"trainer.total_training_steps={STEPS}",
                    "trainer.save_freq=1", f"trainer.test_freq={STEPS}")
 
 
-def test_exgrpo_job_logs_every_step_replays_through_the_agent_loop_and_syncs_weights_exactly(exgrpo_run, job_root):
-    run = exgrpo_run
-    assert run.returncode == 0, run.tail()
-    assert "Traceback" not in run.output, run.tail()
-    train_steps = sorted(s for s, m in run.metrics.items() if "exgrpo/fresh_acc" in m)
-    assert train_steps == list(range(1, STEPS + 1)), sorted(run.metrics)
-    # Validation before training and at the last step (test_freq = STEPS).
-    for step in (0, STEPS):
-        assert any(k.startswith("val-core/") for k in run.metrics[step]), (step, sorted(run.metrics[step]))
-    # Replay switched on by the real delayed-start rule (start_acc stays at the reference 0.35): a step whose
-    # fresh accuracy passed it comes before the first step with replayed members.
-    inserted = {s: run.metrics[s].get("exgrpo/inserted", 0.0) for s in train_steps}
-    first = min((s for s in train_steps if inserted[s] >= 1), default=None)
+def test_paper_script_twin_trains_with_replay_the_guard_and_strict_grading_and_checkpoints(paper_run, job_root):
+    """The 7B paper script's own configuration through verl on the CPU: strict </think> grading still gives mixed
+    rewards (the tiny model answers in the thought-then-answer form), replay starts through the delayed-start rule,
+    the grad-norm guard reports every step, the authors' loss scale is derived at start-up, and every step
+    checkpoints its pool beside the actor."""
+    run = paper_run
+    assert_clean_exit(run)
+    steps = train_steps(run, "exgrpo/fresh_acc")
+    assert steps == list(range(1, STEPS + 1)), sorted(run.metrics)
+    # The authors' settings are in force: strict grading, their loss scale (24 x 1 rank / (4 x 8) sequences).
+    assert "'strict_format': True" in run.output and "'loss_scale_factor': 0.75" in run.output
+    assert 0.0 < run.metrics[1]["exgrpo/fresh_acc"] < 1.0  # mixed rewards under strict grading
+    # Replay switched on by the real delayed-start rule (start_acc 0.35).
+    inserted = {s: run.metrics[s].get("exgrpo/inserted", 0.0) for s in steps}
+    first = min((s for s in steps if inserted[s] >= 1), default=None)
     assert first is not None, inserted
-    assert any(run.metrics[s]["exgrpo/fresh_acc"] > 0.35 for s in train_steps if s < first)
+    assert any(run.metrics[s]["exgrpo/fresh_acc"] > 0.35 for s in steps if s < first)
     assert run.metrics[first]["actor/exgrpo/replay_token_share"] > 0
-    # Weight sync into vLLM is exact: the rollout engine's log-probs equal the trainer's at every step.
-    for step in train_steps:
+    for step in steps:
+        assert run.metrics[step][SKIPPED] == 0.0, (step, run.metrics[step])  # the guard, each step, nothing skipped
+        assert run.metrics[step]["actor/exgrpo/entropy_token_mean"] > 0
         assert run.metrics[step]["training/rollout_probs_diff_max"] < 1e-4, (step, run.metrics[step])
-    last = job_root / "ckpt" / f"global_step_{STEPS}"
+    assert any(k.startswith("val-core/") for k in run.metrics[STEPS]), sorted(run.metrics[STEPS])
+    last = job_root / "paper_ckpt" / f"global_step_{STEPS}"
     assert (last / "exgrpo_pool.npz").is_file() and (last / "actor").is_dir()
-    assert (job_root / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
+    assert (job_root / "paper_ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
 
 
-def test_same_command_with_one_more_step_resumes_with_the_saved_pool(exgrpo_run, job_root):
-    assert exgrpo_run.returncode == 0, exgrpo_run.tail()
-    saved = printed_digests(exgrpo_run.output, "saved")
+def test_same_command_with_one_more_step_resumes_with_the_saved_pool(paper_run, job_root):
+    assert paper_run.returncode == 0, paper_run.tail()
+    saved = printed_digests(paper_run.output, "saved")
     assert sorted(saved) == list(range(1, STEPS + 1))
 
     from exgrpo.pool import ExperiencePool
 
-    on_disk = ExperiencePool.load(job_root / "ckpt" / f"global_step_{STEPS}" / "exgrpo_pool.npz")
+    on_disk = ExperiencePool.load(job_root / "paper_ckpt" / f"global_step_{STEPS}" / "exgrpo_pool.npz")
     assert on_disk.state_digest() == saved[STEPS] and len(on_disk) > 0
 
-    run = run_job(job_root / "user", job_root / "ckpt", "resume", f"trainer.total_training_steps={STEPS + 1}",
+    run = run_job(job_root / "user", job_root / "paper_ckpt", "resume", f"trainer.total_training_steps={STEPS + 1}",
                   "trainer.save_freq=1", f"trainer.test_freq={STEPS}")
-    assert run.returncode == 0, run.tail()
-    assert f"Resuming from {job_root / 'ckpt' / f'global_step_{STEPS}'}" in run.output, run.tail()
+    assert_clean_exit(run)
+    assert f"Resuming from {job_root / 'paper_ckpt' / f'global_step_{STEPS}'}" in run.output, run.tail()
     # The pool the resumed trainer holds is, bit for bit, the one the first run saved: questions, buckets,
     # trajectories, retired set, latch and RNG state.
     assert printed_digests(run.output, "restored") == {STEPS: saved[STEPS]}
-    assert sorted(s for s, m in run.metrics.items() if "exgrpo/fresh_acc" in m) == [STEPS + 1]
+    assert train_steps(run, "exgrpo/fresh_acc") == [STEPS + 1]
     assert run.metrics[STEPS + 1]["exgrpo/latch"] == 1.0
-    assert (job_root / "ckpt" / f"global_step_{STEPS + 1}" / "exgrpo_pool.npz").is_file()
+    assert (job_root / "paper_ckpt" / f"global_step_{STEPS + 1}" / "exgrpo_pool.npz").is_file()
 
 
-def test_enable_false_runs_stock_grpo_through_the_same_command(job_root):
-    run = run_job(job_root / "user", job_root / "grpo_ckpt", "grpo", "exgrpo.enable=false",
-                  "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.test_freq=2",
-                  "trainer.val_before_train=false")
-    assert run.returncode == 0, run.tail()
-    train_steps = sorted(s for s, m in run.metrics.items() if "actor/pg_loss" in m)
-    assert train_steps == [1, 2]
-    assert not any(k.startswith("exgrpo/") for m in run.metrics.values() for k in m)
+def test_a_step_whose_gradient_norm_passes_the_bound_is_skipped_and_changes_no_weight(job_root):
+    from safetensors.torch import load_file
+
+    run = run_job(job_root / "user", job_root / "skip_ckpt", "skip", "exgrpo.skip_step_grad_norm=1e-9",
+                  "trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.test_freq=10",
+                  "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]")
+    assert_clean_exit(run)
+    assert run.metrics[1][SKIPPED] == 1.0 and run.metrics[1]["actor/grad_norm"] > 1e-9
+    assert "[exgrpo] optimizer step skipped" in run.output
+    model_path = Path(re.search(r"'path': '([^']*/tiny_qwen2_[0-9a-f]+)'", run.output).group(1))  # the twin's model
+    before = load_file(model_path / "model.safetensors")
+    after = load_file(job_root / "skip_ckpt" / "global_step_1" / "actor" / "huggingface" / "model.safetensors")
+    assert before.keys() == after.keys() and all(before[k].equal(after[k]) for k in before)
+
+
+def test_grpo_baseline_script_twin_runs_verls_step_with_the_authors_settings(job_root):
+    run = run_job(job_root / "user", job_root / "grpo_ckpt", "grpo", "trainer.total_training_steps=2",
+                  "trainer.save_freq=2", "trainer.test_freq=2", script=PAPER_GRPO)
+    assert_clean_exit(run)
+    assert train_steps(run) == [1, 2]
+    assert not any(k.startswith("exgrpo/") for m in run.metrics.values() for k in m)  # no pool
+    assert all(run.metrics[s][SKIPPED] == 0.0 for s in (1, 2))  # the authors' guard and loss in the baseline too
     assert "[exgrpo] saved pool" not in run.output
     step_dir = job_root / "grpo_ckpt" / "global_step_2"
     assert (step_dir / "actor").is_dir() and not (step_dir / "exgrpo_pool.npz").exists()
 
 
-def test_two_data_parallel_ranks_score_candidates_and_train_across_both(job_root):
-    """Two FSDP ranks over gloo: candidate scoring and the ExGRPO loss are dispatched to both."""
-    env_ranks = os.environ.get("N_GPUS_PER_NODE")
-    os.environ["N_GPUS_PER_NODE"] = "2"
-    try:
-        run = run_job(job_root / "user", job_root / "ranks2_ckpt", "ranks2", f"trainer.total_training_steps={STEPS}",
-                      f"trainer.save_freq={STEPS}", f"trainer.test_freq={STEPS}", "trainer.val_before_train=false")
-    finally:
-        if env_ranks is None:
-            os.environ.pop("N_GPUS_PER_NODE")
-        else:
-            os.environ["N_GPUS_PER_NODE"] = env_ranks
-    assert run.returncode == 0, run.tail()
+def test_recipe_defaults_on_two_data_parallel_ranks_score_candidates_and_train_across_both(job_root):
+    """The recipe profile (cpu_verl_exgrpo.sh) with two FSDP ranks over gloo: validation before training, candidate
+    scoring and the ExGRPO loss dispatched to both ranks."""
+    run = run_job(job_root / "user", job_root / "ranks2_ckpt", "ranks2", f"trainer.total_training_steps={STEPS}",
+                  f"trainer.save_freq={STEPS}", f"trainer.test_freq={STEPS}", script=RECIPE,
+                  env_extra={"N_GPUS_PER_NODE": "2"})
+    assert_clean_exit(run)
+    for step in (0, STEPS):
+        assert any(k.startswith("val-core/") for k in run.metrics[step]), (step, sorted(run.metrics[step]))
     actor = job_root / "ranks2_ckpt" / f"global_step_{STEPS}" / "actor"
     assert {p.name for p in actor.glob("model_world_size_*")} == {
         "model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"}
-    steps = sorted(s for s, m in run.metrics.items() if "exgrpo/fresh_acc" in m)
+    steps = train_steps(run, "exgrpo/fresh_acc")
     assert steps == list(range(1, STEPS + 1))
+    assert SKIPPED not in run.metrics[STEPS]  # the recipe profile has no guard
     replayed = [s for s in steps if run.metrics[s].get("exgrpo/inserted", 0) >= 1]
     assert replayed, {s: run.metrics[s].get("exgrpo/inserted") for s in steps}
     # Replayed tokens were trained on, and stored candidates were scored by the sharded actor (a step whose
