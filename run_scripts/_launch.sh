@@ -24,6 +24,7 @@
 #   EXGRPO_PROFILE (recipe: the recipe's defaults; paper: the authors' training, below; the model scripts default
 #       to paper, and a value you set wins)
 #   CHAT_TEMPLATE (model: the model folder's own; or a Jinja file, e.g. run_scripts/chat_templates/qwen_think.jinja)
+#   CPU_PRESET (unset; learn = on the CPU, the runner's settings for a run both engines share, below)
 #   DRY_RUN (unset; 1 = print the overrides one per line and exit without starting anything)
 # Relative paths are taken from the directory you run the script in and passed on as absolute paths (Ray workers,
 # the driver and a pre-started cluster's raylets each have their own working directory).
@@ -124,6 +125,31 @@ EXGRPO_CPU_PROFILE=(
   "+actor_rollout_ref.rollout.enable_sleep_mode=false"
   "actor_rollout_ref.rollout.max_num_seqs=128"
   "actor_rollout_ref.rollout.max_num_batched_tokens=2048"
+)
+
+# CPU_PRESET=learn (CPU only): one experiment, two engines. The twin at the settings of the runner's
+# exgrpo/configs/cpu_twin.yaml, so the same run goes through verl + vLLM + FSDP2 here and through the runner's own
+# loop there (benchmarks/README.md, "The recipe learns as the runner does"; benchmarks/two_engines.py runs both).
+# These change the experiment, not only its size, which is why they are a preset you ask for and not the CPU
+# profile: at the profile's 8 questions with two optimizer steps of 4, the policy moves by noise as much as by
+# signal. Seeds are yours to pass (data.seed, actor_rollout_ref.rollout.seed, exgrpo.seed).
+EXGRPO_CPU_LEARN_PRESET=(
+  "data.train_batch_size=32"                             # 32 questions x 8 rollouts per step
+  "actor_rollout_ref.actor.ppo_mini_batch_size=32"       # one AdamW step per step (on-policy: ratio 1)
+  "actor_rollout_ref.actor.optim.lr=1e-4"
+  "actor_rollout_ref.actor.loss_agg_mode=token-mean"     # the runner's aggregation
+  "algorithm.norm_adv_by_std_in_grpo=true"               # std-normalised group advantages, as the runner
+  "actor_rollout_ref.actor.entropy_coeff=0"              # no entropy bonus, as the runner
+  # Greedy validation, as the runner's test accuracy. verl 0.9.1's TransferQueue agent loop (the one this recipe
+  # runs) validates with val_kwargs.temperature and never reads val_kwargs.do_sample: temperature 0 is what makes
+  # vLLM greedy; do_sample=false only says so.
+  "actor_rollout_ref.rollout.val_kwargs.temperature=0"
+  "actor_rollout_ref.rollout.val_kwargs.do_sample=false"
+  "actor_rollout_ref.rollout.val_kwargs.n=1"
+  "trainer.total_training_steps=30"
+  "trainer.test_freq=5"
+  "trainer.save_freq=30"
+  "trainer.val_before_train=true"
 )
 
 # The authors' training (their released run script and code), setting for setting; the README's table "Where we
@@ -328,6 +354,11 @@ exgrpo_launch() {
     esac
     export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"  # GiB of KV cache for vLLM on CPU
     overrides+=("${EXGRPO_CPU_PROFILE[@]}")
+    case "${CPU_PRESET:-}" in
+      "") ;;
+      learn) overrides+=("${EXGRPO_CPU_LEARN_PRESET[@]}") ;;
+      *) exgrpo_fail "CPU_PRESET=$CPU_PRESET: use learn (or leave it unset)" ;;
+    esac
     # verl's file logger truncates its file when reopened: one metrics file per launch, beside the checkpoints.
     if [ "${DRY_RUN:-}" != 1 ] && [ -z "${VERL_FILE_LOGGER_PATH:-}" ]; then
       mkdir -p "$ckpt_dir"
@@ -335,7 +366,7 @@ exgrpo_launch() {
     fi
   fi
   local var
-  for var in VERL_PLATFORM VERL_USE_EXTERNAL_MODULES VLLM_CPU_KVCACHE_SPACE VERL_FILE_LOGGER_PATH; do
+  for var in VERL_PLATFORM VERL_USE_EXTERNAL_MODULES VLLM_CPU_KVCACHE_SPACE VERL_FILE_LOGGER_PATH EXGRPO_HOLD_AT; do
     if [ -n "${!var:-}" ]; then
       overrides+=("+ray_kwargs.ray_init.runtime_env.env_vars.$var='${!var}'")
     fi

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -280,6 +281,7 @@ class ExGRPOTrainer(PPOTrainerSync):
             clip_fresh = self.exgrpo_config.clip_fresh_after_start or not self.pool.active
             batch.extra_info[CLIP_FRESH_KEY] = clip_fresh
             metrics["exgrpo/clip_fresh"] = float(clip_fresh)
+        hold_if_asked("update", self.global_steps)
         batch = super()._update_actor(batch, metrics=metrics)
         finish_replay_metrics(metrics)  # also for a baseline that trains with the ExGRPO loss (paper profile)
         return batch
@@ -542,11 +544,15 @@ class ExGRPOTrainer(PPOTrainerSync):
         never names a step whose ExGRPO files are missing."""
         if self.exgrpo_enabled:
             folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-            save_pending_qids(os.path.join(folder, PENDING_FILE_NAME), self.fresh_source.pending_qids())
+            pending = self.fresh_source.pending_qids()
+            save_pending_qids(os.path.join(folder, PENDING_FILE_NAME), pending)
+            if hold_requested("pool_rename", self.global_steps):  # the crash test: die with the file half-saved
+                os.replace = lambda src, dst: hold_if_asked("pool_rename", self.global_steps)
             self.pool.save(os.path.join(folder, POOL_FILE_NAME))
             # Printed, not logged: the resumed run prints the restored pool's digest the same way, for comparison.
-            print(f"[exgrpo] saved pool of step {self.global_steps}: {len(self.pool)} questions, "
-                  f"state {self.pool.state_digest()}", flush=True)
+            print(f"[exgrpo] saved pool of step {self.global_steps}: {len(self.pool)} questions, {len(pending)} "
+                  f"deferred fresh questions, state {self.pool.state_digest()}", flush=True)
+            hold_if_asked("tracker", self.global_steps)
         super()._save_checkpoint()
         if self.exgrpo_enabled and self.config.trainer.get("max_actor_ckpt_to_keep", None):
             prune_pool_files(self.config.trainer.default_local_dir, self.global_steps)
@@ -585,6 +591,7 @@ class ExGRPOTrainer(PPOTrainerSync):
             logger.warning(f"ExGRPO: no {PENDING_FILE_NAME} in the resumed checkpoint; no deferred fresh rows restored")
             return
         qids = load_pending_qids(path)
+        print(f"[exgrpo] restored {len(qids)} deferred fresh questions of step {self.global_steps}", flush=True)
         index = self.question_index() if qids else {}
         missing = [qid for qid in qids if qid not in index]
         if missing:
@@ -635,6 +642,24 @@ def prune_pool_files(root: str, current_step: int) -> list[str]:
                 os.remove(path)
                 removed.append(path)
     return removed
+
+
+# Fault injection for the crash-resume test (tests/recipe/test_cpu_verl_crash.py): EXGRPO_HOLD_AT=<point>:<step>
+# makes the trainer announce the point and wait there to be killed. Points: "update" (before the actor update),
+# "pool_rename" (the pool file written to its temporary name, not yet renamed), "tracker" (pool saved, verl's actor
+# checkpoint and tracker file not yet written).
+HOLD_ENV = "EXGRPO_HOLD_AT"
+
+
+def hold_requested(point: str, step: int) -> bool:
+    return os.environ.get(HOLD_ENV) == f"{point}:{step}"
+
+
+def hold_if_asked(point: str, step: int) -> None:
+    if hold_requested(point, step):
+        print(f"[exgrpo] holding at {point}:{step} ({HOLD_ENV}), waiting to be killed", flush=True)
+        while True:
+            time.sleep(60)
 
 
 def remove_checkpoint_temporaries(root: str) -> list[str]:
