@@ -69,7 +69,10 @@ def load_settings(config: Any) -> tuple[ExGRPOConfig, RecipeSettings]:
     if "exgrpo" not in config:
         raise ValueError("the config has no top-level 'exgrpo' section (use recipe/exgrpo/config/exgrpo_trainer.yaml)")
     section = plain_section(config["exgrpo"])
-    core = ExGRPOConfig.from_dict(section, ignore=RECIPE_ONLY_KEYS)
+    try:
+        core = ExGRPOConfig.from_dict(section, ignore=RECIPE_ONLY_KEYS)
+    except ValueError as error:  # named as the user wrote it: the yaml section, not the core's class
+        raise ValueError(str(error).replace("ExGRPOConfig.", "exgrpo.")) from None
     recipe = RecipeSettings(**{k: section[k] for k in RECIPE_ONLY_KEYS if k in section})
     rollout_n = int(config["actor_rollout_ref"]["rollout"]["n"])
     if core.n_rollouts != rollout_n:

@@ -43,3 +43,49 @@ def test_entry_point_runs_through_task_runner_and_trainer_init_up_to_the_gpu_poo
     assert "Total available GPUs 0 is less than total desired GPUs 1" in output, output[-3000:]
     assert "ExGRPOTaskRunner" in output and "main_exgrpo.py" in output
     assert "in _setup" in output  # failed inside the trainer's init, after tokenizer, data and worker mapping
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("exgrpo.rho=1.5", "error: exgrpo.rho=1.5: must lie in [0, 1]"),
+        ("exgrpo.n_rollouts=1", "error: exgrpo.n_rollouts=1"),
+        ("exgrpo.skip_step_grad_norm=500", None),  # valid: reaches verl, whose own validation then stops it
+    ],
+)
+def test_recipe_checks_run_first_and_say_one_line_without_ray(override, message):
+    """A bare ``python -m recipe.exgrpo.main_exgrpo`` with nothing else set: ExGRPO's own errors come before verl's
+    validation (which would otherwise stop first on an unrelated assert) and before Ray, as one line."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "EXGRPO_DEBUG")}
+    result = subprocess.run([sys.executable, "-m", "recipe.exgrpo.main_exgrpo", override], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    if message is None:
+        assert "error: " not in result.stderr and "Error executing job" in result.stderr  # verl's own, not ours
+        return
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+    ours = [line for line in result.stderr.strip().splitlines() if not line.startswith("WARNING:")]  # verl's import
+    assert len(ours) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "ray" not in result.stdout.lower()
+
+
+def test_a_run_script_with_a_bad_exgrpo_key_stops_in_one_line_before_ray(tmp_path):
+    import json
+
+    import pandas as pd
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 16384}))
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("openr1.parquet", "openr1_valid.parquet"):
+        pd.DataFrame({"prompt": [[{"role": "user", "content": "1+1?"}]]}).to_parquet(data / name)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "EXGRPO_DEBUG", "EXGRPO_DEVICE")}
+    env.update(MODEL_PATH=str(model), DATA_DIR=str(data))
+    result = subprocess.run(["bash", str(REPO / "run_scripts" / "qwen2.5_math_7b_exgrpo.sh"), "exgrpo.rho=1.5"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith(("[exgrpo]", "WARNING:"))]
+    assert lines == ["error: exgrpo.rho=1.5: must lie in [0, 1]"], result.stderr[-2000:]
