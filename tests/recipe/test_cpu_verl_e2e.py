@@ -204,11 +204,17 @@ def test_grpo_baseline_script_twin_runs_verls_step_with_the_authors_settings(job
     assert (step_dir / "actor").is_dir() and not (step_dir / "exgrpo_pool.npz").exists()
 
 
-def test_recipe_defaults_on_two_data_parallel_ranks_score_candidates_and_train_across_both(job_root):
-    """The recipe profile (cpu_verl_exgrpo.sh) with two FSDP ranks over gloo: validation before training, candidate
-    scoring and the ExGRPO loss dispatched to both ranks."""
+def test_recipe_defaults_with_continuous_rewards_on_two_ranks_replay_graded_successes(job_root):
+    """The recipe profile (cpu_verl_exgrpo.sh) with the graded reward and exgrpo.reward_type=continuous, on two FSDP
+    ranks over gloo: validation before training; the latch reads the mean graded reward, so replay starts; the pool
+    stores trajectories whose rewards are graded (above their group's mean, not only 1), bucketed by reward spread;
+    candidate scoring and the ExGRPO loss are dispatched to both ranks."""
+    from exgrpo.pool import ExperiencePool
+
+    graded = ("reward.custom_reward_function.path=" + str(REPO / "exgrpo" / "graded_reward.py"),
+              "exgrpo.reward_type=continuous")
     run = run_job(job_root / "user", job_root / "ranks2_ckpt", "ranks2", f"trainer.total_training_steps={STEPS}",
-                  f"trainer.save_freq={STEPS}", f"trainer.test_freq={STEPS}", script=RECIPE,
+                  f"trainer.save_freq={STEPS}", f"trainer.test_freq={STEPS}", *graded, script=RECIPE,
                   env_extra={"N_GPUS_PER_NODE": "2"})
     assert_clean_exit(run)
     for step in (0, STEPS):
@@ -219,11 +225,19 @@ def test_recipe_defaults_on_two_data_parallel_ranks_score_candidates_and_train_a
     steps = train_steps(run, "exgrpo/fresh_acc")
     assert steps == list(range(1, STEPS + 1))
     assert SKIPPED not in run.metrics[STEPS]  # the recipe profile has no guard
+    # Graded rewards: the step's mean reward is what the latch reads, and it is not a share of exact answers.
+    assert any(0.0 < run.metrics[s]["critic/score/mean"] < 1.0 for s in steps)
+    assert any(k.startswith("exgrpo/pool/spread_bucket_") for k in run.metrics[STEPS])
     replayed = [s for s in steps if run.metrics[s].get("exgrpo/inserted", 0) >= 1]
     assert replayed, {s: run.metrics[s].get("exgrpo/inserted") for s in steps}
+    assert any(run.metrics[s]["exgrpo/fresh_acc"] > 0.35 for s in steps if s < replayed[0])
     # Replayed tokens were trained on, and stored candidates were scored by the sharded actor (a step whose
     # replayed questions each held one trajectory scores nothing, so it is enough that one step did).
     assert all(run.metrics[s]["actor/exgrpo/w_mean"] > 0 for s in replayed)
     assert any("exgrpo/selected_entropy_mean" in run.metrics[s] for s in replayed), [run.metrics[s] for s in replayed]
     for step in steps:
         assert run.metrics[step]["training/rollout_probs_diff_max"] < 1e-4, (step, run.metrics[step])
+    pool = ExperiencePool.load(job_root / "ranks2_ckpt" / f"global_step_{STEPS}" / "exgrpo_pool.npz")
+    assert pool.config.reward_type == "continuous" and len(pool) > 0
+    rewards = [t.reward for qid in pool.state_dict()["qids"] for t in pool.candidates(str(qid))]
+    assert all(0.0 < r <= 1.0 for r in rewards) and any(r < 1.0 for r in rewards), rewards
