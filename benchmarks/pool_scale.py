@@ -3,7 +3,7 @@
 One training step's pool work at the reference batch size: ``update`` for 128 questions x 8 fresh rollouts
 (a mix of new, already-held, unsolved and fully solved questions) plus ``sample(64)`` excluding that step's
 fresh questions. Timed at 1k, 10k and 100k held questions; reports medians and the 100k/1k ratio. The
-authors' bookkeeping was measured at 1.1 s per step at 10k questions (SPEC §4).
+authors' bookkeeping was measured at 1.1 s per step at 10k questions.
 
 Memory: tracemalloc over filling a pool, fitted as bytes = a * tokens + b * trajectories from two fills with
 different response lengths.

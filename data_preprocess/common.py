@@ -27,7 +27,7 @@ from typing import Any
 
 from exgrpo.cli import InputError
 
-# The system prompt of the authors' runs (SPEC §3), byte-exact: real newlines after "<think>" and "</think>",
+# The system prompt of the authors' runs, byte-exact: real newlines after "<think>" and "</think>",
 # a literal backslash in "\boxed{}".
 SYSTEM_PROMPT = (
     "Your task is to follow a systematic, thorough reasoning process before providing the final solution. "

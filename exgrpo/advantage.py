@@ -1,4 +1,4 @@
-"""GRPO advantages over groups of any size, the replayed member included (SPEC §1.3).
+"""GRPO advantages over groups of any size, the replayed member included (paper §3.3).
 
 A replayed question's group is its K - 1 fresh rollouts plus the stored success, so the replayed member
 shifts the group baseline like any other: three fresh failures and one replayed success give

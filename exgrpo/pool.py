@@ -1,4 +1,4 @@
-"""The experience pool: what ExGRPO remembers of its own past successes (paper §3.1, SPEC §1.1).
+"""The experience pool: what ExGRPO remembers of its own past successes (paper §3.1).
 
 After each step, every question's *fresh* rollouts are summarised by their accuracy. Partly solved questions
 keep their correct trajectories (token ids exactly as generated and the behaviour policy's per-token

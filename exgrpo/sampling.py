@@ -1,4 +1,4 @@
-"""Which replay questions a step gets: Gaussian weighting over accuracy buckets (ExGRPO §3.2, SPEC §1.2.1).
+"""Which replay questions a step gets: Gaussian weighting over accuracy buckets (paper §3.2).
 
 Questions solved about half the time carry the most learning signal, so buckets near accuracy ``mu`` are
 favoured; almost-never and almost-always solved ones are rarely drawn. The draw is two-level: a multinomial

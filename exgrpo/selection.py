@@ -1,6 +1,6 @@
 """Which stored trajectory a replayed question contributes: the one the current policy is surest of.
 
-ExGRPO (paper §3.2, SPEC §1.2.2) scores each stored success of a replayed question by its mean per-token
+ExGRPO (paper §3.2) scores each stored success of a replayed question by its mean per-token
 entropy under the *current* policy and replays the lowest: low entropy marks a reasoning chain the model
 finds natural, high entropy one it reached by luck. The mean runs over response tokens only, so it must
 not depend on how rows are padded: every function here takes an explicit mask aligned with the entropies

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ExGRPO as the authors trained it: Qwen2.5-Math-7B, 8 GPUs, B=128, K=8, rho=0.5, beta=0.1, 700 steps (SPEC §1.5),
+# ExGRPO as the authors trained it: Qwen2.5-Math-7B, 8 GPUs, B=128, K=8, rho=0.5, beta=0.1, 700 steps,
 # with their training settings (EXGRPO_PROFILE=paper in _launch.sh: strict </think> grading, unclipped on-policy
 # tokens after the start, their loss and entropy scale, grad-norm skip at 500, retirement from step 1).
 #   MODEL_PATH=/models/Qwen2.5-Math-7B-16k bash run_scripts/qwen2.5_math_7b_exgrpo.sh [hydra overrides]

@@ -26,7 +26,6 @@ from data_preprocess.common import (
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "data"
-SPEC = REPO.parent / "shared" / "SPEC.md"
 
 
 def fixture(name: str) -> list[dict]:
@@ -47,18 +46,6 @@ def check_row_layout(row: dict) -> None:
 def test_system_prompt_hash():
     assert hashlib.sha256(SYSTEM_PROMPT.encode("utf-8")).hexdigest() == SYSTEM_PROMPT_SHA256
     assert SYSTEM_PROMPT.count("\n") == 3 and "\\boxed{}" in SYSTEM_PROMPT and "\b" not in SYSTEM_PROMPT
-
-
-def test_system_prompt_matches_spec_text():
-    """SPEC §3 writes the prompt as an escaped string wrapped over several lines: unescape and compare."""
-    if not SPEC.is_file():
-        pytest.skip(f"{SPEC} is absent")
-    text = SPEC.read_text(encoding="utf-8")
-    match = re.search(r'System prompt of the authors\' runs \(keep it byte-exact\):\s*\n\s*"(.*?)"\n- ', text, re.S)
-    assert match, "SPEC §3 prompt paragraph not found"
-    wrapped = re.sub(r"\s*\n\s*", " ", match.group(1))
-    unescaped = wrapped.replace('\\"', '"').replace("\\n", "\n")
-    assert unescaped == SYSTEM_PROMPT
 
 
 def test_system_prompt_matches_authors_files(shared_benchmarks):

@@ -4,7 +4,7 @@ Kept free of Ray and TransferQueue so the rules can be tested on their own: a st
 questions, never a retired one; n_replay = min(round(rho * B), pool size) come from the pool (K - 1 fresh
 rollouts each, their stored trajectory completes the group), the rest are fresh (K rollouts each). A fresh
 question the pool cannot give way to (it is already in the batch) is deferred to the next step, never
-dropped; a retired one is skipped for good (SPEC §1.1: retired questions are never drawn again).
+dropped; a retired one is skipped for good (retired questions are never drawn again).
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def plan_step(
     fresh_source: FreshSource,
     replayable: Callable[[str], bool] = lambda qid: True,
 ) -> StepPlan:
-    """Compose one step of ``batch_size`` distinct questions (SPEC §1.2.1 and §1.2.3).
+    """Compose one step of ``batch_size`` distinct questions (question sampling and batch composition, paper §3.2).
 
     With ExGRPO off or the latch not yet on, all B are fresh: exactly what stock verl would submit.
     ``replayable`` filters pool questions the trainer cannot rebuild a prompt for (e.g. gone from the data).

@@ -1,4 +1,4 @@
-"""The actor loss verl's engine calls per micro-batch, with ExGRPO's replay branch (SPEC §1.3).
+"""The actor loss verl's engine calls per micro-batch, with ExGRPO's replay branch (paper §3.3).
 
 verl's registered policy losses only ever see seven fixed arguments (``workers/utils/losses.py``), so they
 cannot tell a replayed row from a fresh one. The engine's loss *function*, however, receives the whole

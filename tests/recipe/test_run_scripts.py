@@ -92,7 +92,7 @@ def test_script_overrides_compose_validate_and_match_the_reference_run(name, tmp
     enabled, template, tensor_parallel = SCRIPTS[name]
     assert core.enable is enabled
     assert config.trainer.total_training_steps == 5  # user overrides come last and win
-    # SPEC §1.5 reference settings.
+    # The paper's reference settings.
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     assert (config.data.train_batch_size, rollout.n, actor.ppo_mini_batch_size) == (128, 8, 64)
     assert (core.rho, core.beta, core.start_acc) == (0.5, 0.1, 0.35)
