@@ -1,6 +1,6 @@
 """ExGRPO in one process on a CPU: the embedded default, a tiny model learning arithmetic in minutes.
 
-One step (SPEC §1.2-1.3): draw B - n_r fresh questions and n_r replay questions from the pool; pick each
+One step (paper §3.2-3.3): draw B - n_r fresh questions and n_r replay questions from the pool; pick each
 replay question's stored success with the lowest mean entropy under the current policy; generate K rollouts
 per fresh question and K - 1 per replay question (the stored trajectory is the K-th member); score; GRPO
 advantages per group; one AdamW step on the ExGRPO objective; then feed the *fresh* rollouts to the pool.
@@ -322,7 +322,7 @@ def evaluate(model: Any, tokenizer: Any, questions: Sequence[Question], cfg: Run
 
 def compose_batch(stream: FreshStream, pool: ExperiencePool | None, xc: ExGRPOConfig, batch_size: int,
                   budget_left: float = math.inf) -> tuple[list[Question], list[str]]:
-    """SPEC §1.2.3: n_r replay questions from an active pool, the rest fresh; no question twice, none retired.
+    """Batch composition: n_r replay questions from an active pool, the rest fresh; no question twice, none retired.
 
     Fresh questions are drawn first and excluded from replay; if the pool cannot give n_r questions, the
     missing slots go to further fresh questions (never a slot unused, never a drawn question dropped).
