@@ -161,6 +161,38 @@ def test_disabled_exgrpo_accepts_dynamic_sampling_and_a_custom_sampler():
     check_verl_settings(config, core)  # only replay needs them off
 
 
+def test_a_baseline_that_keeps_the_authors_loss_refuses_what_that_loss_cannot_honour():
+    """enable=false with an authors' setting (the paper profile's GRPO script) still trains with the ExGRPO loss:
+    rollout correction, a non-vanilla policy loss and distillation are refused at start-up, as with replay on;
+    a plain baseline (verl's own loss) accepts them."""
+    authors = [*BASE, "exgrpo.enable=false", "exgrpo.entropy_agg=micro_batch_token_mean"]
+    for override, message in (("algorithm.rollout_correction.rollout_is=token", "rollout_is"),
+                              ("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "loss_mode"),
+                              ("distillation.enabled=true", "distillation")):
+        config = compose_config([*authors, override])
+        core, _ = load_settings(config)
+        with pytest.raises(ValueError, match=message):
+            check_verl_settings(config, core)
+        plain = compose_config([*BASE, "exgrpo.enable=false", override])
+        check_verl_settings(plain, load_settings(plain)[0])
+
+
+def test_the_grad_norm_guard_is_refused_off_the_fsdp_engines():
+    for strategy, refused in (("megatron", True), ("fsdp2", False), ("fsdp", False)):
+        config = compose_config([*BASE, "exgrpo.skip_step_grad_norm=500", f"actor_rollout_ref.actor.strategy={strategy}"])
+        core, _ = load_settings(config)
+        if refused:
+            with pytest.raises(ValueError, match=r"skip_step_grad_norm=500 with actor_rollout_ref.actor.strategy=.megatron."):
+                check_verl_settings(config, core)
+        else:
+            check_verl_settings(config, core)
+    for enable in ("true", "false"):  # the baseline gets the guard too
+        config = compose_config([*BASE, f"exgrpo.enable={enable}", "exgrpo.skip_step_grad_norm=500",
+                                 "actor_rollout_ref.actor.strategy=megatron"])
+        with pytest.raises(ValueError, match="grad-norm guard"):
+            check_verl_settings(config, load_settings(config)[0])
+
+
 def test_entry_point_prints_the_composed_job_config():
     """``python -m recipe.exgrpo.main_exgrpo --cfg job`` (hydra) prints the config without starting anything."""
     result = subprocess.run(
