@@ -23,7 +23,7 @@ latest fresh group's reward spread (not accuracy), a question's value is its gro
 adds the rewards the stored trajectories got (summary, histogram, per trajectory; all ``reward_max`` for binary).
 
 "Most likely to be replayed next": the pool draws a bucket with the normalised Gaussian weight of its accuracy
-(:func:`exgrpo.sampling.bucket_probabilities`, as :meth:`ExperiencePool.sample` calls it), then a question
+(:meth:`ExperiencePool.bucket_weights`, what :meth:`ExperiencePool.sample` draws with), then a question
 uniformly inside it, so a question's chance in a one-question draw is the bucket's probability divided by its
 size. A step that replays n_r questions draws each about n_r times as often until a bucket runs out.
 Age of a trajectory: reference step minus the step that generated it. The reference step is ``--step``, else N
@@ -44,7 +44,6 @@ import numpy as np
 
 from exgrpo import cli
 from exgrpo.pool import ExperiencePool
-from exgrpo.sampling import bucket_probabilities
 
 OUT_STEM = "pool_inspect"
 BYTES_PER_TOKEN = 8  # int32 token id + float32 behaviour log-prob, as the pool stores and saves them
@@ -80,15 +79,14 @@ def read_pool(path: str | Path) -> tuple[ExperiencePool, dict[str, Any]]:
 def replay_probabilities(pool: ExperiencePool) -> dict[float, tuple[float, float]]:
     """bucket -> (probability that a draw picks the bucket, probability per question in it), as the pool samples.
 
-    Keys sorted and ``mu`` chosen exactly as :meth:`ExperiencePool.sample` does (continuous rewards bucket by
-    spread and favour the largest).
+    The pool's own :meth:`ExperiencePool.bucket_weights` over its non-empty buckets, in the sorted order
+    :meth:`ExperiencePool.sample` uses (continuous rewards bucket by spread and favour the largest).
     """
     counts = pool.bucket_counts()
     if not counts:
         return {}
     keys = sorted(counts)
-    mu = pool.config.mu if pool.config.reward_type == "binary" else 1.0
-    probs = bucket_probabilities(keys, mu=mu, sigma=pool.config.sigma)
+    probs = pool.bucket_weights(keys)
     return {key: (float(p), float(p) / counts[key]) for key, p in zip(keys, probs.tolist(), strict=True)}
 
 

@@ -440,6 +440,12 @@ class ExperiencePool:
             self.counters["evicted_trajectories"] += len(held.trajectories)
 
     # ---------------------------------------------------------------- selection
+    def bucket_weights(self, keys: Sequence[float]) -> np.ndarray:
+        """The normalised draw probabilities of the buckets ``keys`` (Gaussian in accuracy around ``mu``; continuous
+        rewards bucket by spread and favour the largest, ``mu = 1``). What :meth:`sample` draws with."""
+        mu = self.config.mu if self.config.reward_type == "binary" else 1.0
+        return bucket_probabilities(list(keys), mu=mu, sigma=self.config.sigma)
+
     def sample(self, n: int, exclude: Iterable[str] = ()) -> list[str]:
         """Draw ``min(n, eligible)`` distinct held questions by Gaussian bucket weighting.
 
@@ -458,8 +464,7 @@ class ExperiencePool:
             return []
         capacities = [len(self._buckets[k]) - len(excluded_by_bucket.get(k, ())) for k in keys]
         n = min(n, sum(capacities))
-        mu = self.config.mu if self.config.reward_type == "binary" else 1.0
-        probs = bucket_probabilities(keys, mu=mu, sigma=self.config.sigma)
+        probs = self.bucket_weights(keys)
         counts = allocate_counts(self._rng, probs, capacities, n)
         drawn: list[str] = []
         for key, count in zip(keys, counts.tolist(), strict=True):

@@ -193,6 +193,16 @@ def test_empirical_bucket_frequencies_match_the_gaussian_weights():
     assert np.abs(freq - expected).max() < 0.015
 
 
+def test_bucket_weights_are_what_sample_draws_with_for_both_reward_types():
+    keys = [0.125, 0.5, 0.875]
+    binary = ExperiencePool(ExGRPOConfig(n_rollouts=K))
+    np.testing.assert_allclose(binary.bucket_weights(keys), bucket_probabilities(keys, mu=0.5, sigma=0.125))
+    continuous = ExperiencePool(ExGRPOConfig(n_rollouts=K, reward_type="continuous"))
+    weights = continuous.bucket_weights(keys)
+    np.testing.assert_allclose(weights, bucket_probabilities(keys, mu=1.0, sigma=0.125))
+    assert weights.argmax() == 2 and weights.sum() == pytest.approx(1.0)  # spread: the widest is favoured
+
+
 def test_delayed_start_latches():
     pool = ExperiencePool(ExGRPOConfig(start_acc=0.35))
     assert not pool.observe_step_accuracy(0.35)
