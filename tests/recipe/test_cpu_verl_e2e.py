@@ -34,6 +34,9 @@ PAPER_GRPO = SCRIPTS / "qwen2.5_math_7b_grpo.sh"
 RECIPE = SCRIPTS / "cpu_verl_exgrpo.sh"  # the recipe's defaults
 TIMEOUT_S = 900  # a run takes 1-2 min on two idle cores; the limit only guards against a hang
 STEPS = 3
+# The paper profile collects from the step after the delayed start and replays from the one after that: with the
+# latch at step 1 or 2 (step-1 fresh accuracy is ~0.4-0.5 under strict grading), replay is inserted by step 4.
+PAPER_STEPS = 4
 SKIPPED = "actor/exgrpo/update_skipped"
 
 
@@ -123,8 +126,9 @@ def assert_clean_exit(run: Run) -> None:
 
 @pytest.fixture(scope="module")
 def paper_run(job_root) -> Run:
-    return run_job(job_root / "user", job_root / "paper_ckpt", "paper", f"trainer.total_training_steps={STEPS}",
-                   "trainer.save_freq=1", f"trainer.test_freq={STEPS}")
+    return run_job(job_root / "user", job_root / "paper_ckpt", "paper",
+                   f"trainer.total_training_steps={PAPER_STEPS}", "trainer.save_freq=1",
+                   f"trainer.test_freq={PAPER_STEPS}")
 
 
 def test_paper_script_twin_trains_with_replay_the_guard_and_strict_grading_and_checkpoints(paper_run, job_root):
@@ -135,7 +139,7 @@ def test_paper_script_twin_trains_with_replay_the_guard_and_strict_grading_and_c
     run = paper_run
     assert_clean_exit(run)
     steps = train_steps(run, "exgrpo/fresh_acc")
-    assert steps == list(range(1, STEPS + 1)), sorted(run.metrics)
+    assert steps == list(range(1, PAPER_STEPS + 1)), sorted(run.metrics)
     # The authors' settings are in force: strict grading, their loss scale (24 x 1 rank / (4 x 8) sequences).
     assert "'strict_format': True" in run.output and "'loss_scale_factor': 0.75" in run.output
     assert 0.0 < run.metrics[1]["exgrpo/fresh_acc"] < 1.0  # mixed rewards under strict grading
@@ -149,32 +153,34 @@ def test_paper_script_twin_trains_with_replay_the_guard_and_strict_grading_and_c
         assert run.metrics[step][SKIPPED] == 0.0, (step, run.metrics[step])  # the guard, each step, nothing skipped
         assert run.metrics[step]["actor/exgrpo/entropy_token_mean"] > 0
         assert run.metrics[step]["training/rollout_probs_diff_max"] < 1e-4, (step, run.metrics[step])
-    assert any(k.startswith("val-core/") for k in run.metrics[STEPS]), sorted(run.metrics[STEPS])
-    last = job_root / "paper_ckpt" / f"global_step_{STEPS}"
+    assert any(k.startswith("val-core/") for k in run.metrics[PAPER_STEPS]), sorted(run.metrics)
+    last = job_root / "paper_ckpt" / f"global_step_{PAPER_STEPS}"
     assert (last / "exgrpo_pool.npz").is_file() and (last / "actor").is_dir()
-    assert (job_root / "paper_ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
+    tracker = job_root / "paper_ckpt" / "latest_checkpointed_iteration.txt"
+    assert tracker.read_text().strip() == str(PAPER_STEPS)
 
 
 def test_same_command_with_one_more_step_resumes_with_the_saved_pool(paper_run, job_root):
     assert paper_run.returncode == 0, paper_run.tail()
     saved = printed_digests(paper_run.output, "saved")
-    assert sorted(saved) == list(range(1, STEPS + 1))
+    assert sorted(saved) == list(range(1, PAPER_STEPS + 1))
 
     from exgrpo.pool import ExperiencePool
 
-    on_disk = ExperiencePool.load(job_root / "paper_ckpt" / f"global_step_{STEPS}" / "exgrpo_pool.npz")
-    assert on_disk.state_digest() == saved[STEPS] and len(on_disk) > 0
+    on_disk = ExperiencePool.load(job_root / "paper_ckpt" / f"global_step_{PAPER_STEPS}" / "exgrpo_pool.npz")
+    assert on_disk.state_digest() == saved[PAPER_STEPS] and len(on_disk) > 0
 
-    run = run_job(job_root / "user", job_root / "paper_ckpt", "resume", f"trainer.total_training_steps={STEPS + 1}",
-                  "trainer.save_freq=1", f"trainer.test_freq={STEPS}")
+    run = run_job(job_root / "user", job_root / "paper_ckpt", "resume",
+                  f"trainer.total_training_steps={PAPER_STEPS + 1}", "trainer.save_freq=1",
+                  f"trainer.test_freq={PAPER_STEPS}")
     assert_clean_exit(run)
-    assert f"Resuming from {job_root / 'paper_ckpt' / f'global_step_{STEPS}'}" in run.output, run.tail()
+    assert f"Resuming from {job_root / 'paper_ckpt' / f'global_step_{PAPER_STEPS}'}" in run.output, run.tail()
     # The pool the resumed trainer holds is, bit for bit, the one the first run saved: questions, buckets,
     # trajectories, retired set, latch and RNG state.
-    assert printed_digests(run.output, "restored") == {STEPS: saved[STEPS]}
-    assert train_steps(run, "exgrpo/fresh_acc") == [STEPS + 1]
-    assert run.metrics[STEPS + 1]["exgrpo/latch"] == 1.0
-    assert (job_root / "paper_ckpt" / f"global_step_{STEPS + 1}" / "exgrpo_pool.npz").is_file()
+    assert printed_digests(run.output, "restored") == {PAPER_STEPS: saved[PAPER_STEPS]}
+    assert train_steps(run, "exgrpo/fresh_acc") == [PAPER_STEPS + 1]
+    assert run.metrics[PAPER_STEPS + 1]["exgrpo/latch"] == 1.0
+    assert (job_root / "paper_ckpt" / f"global_step_{PAPER_STEPS + 1}" / "exgrpo_pool.npz").is_file()
 
 
 def test_a_step_whose_gradient_norm_passes_the_bound_is_skipped_and_changes_no_weight(job_root):
