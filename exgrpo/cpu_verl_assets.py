@@ -2,7 +2,7 @@
 
 verl loads a model folder and parquet files by path; on a machine without hub access both are built here, once,
 and reused: the synthetic arithmetic task in verl's parquet layout (``data_preprocess/synthetic.py``) with a
-small validation split, and a tiny Qwen2 that vLLM's CPU backend can serve (head size 32, a byte-level vocabulary
+level-balanced validation split (31 questions per level), and a tiny Qwen2 that vLLM's CPU backend can serve (head size 32, a byte-level vocabulary
 with the chat formats' control tokens) warm-started on the prompts of the chat template the script uses, answering
 in the thought-then-answer form (``23+58=81</think>\\boxed{81}``), until about half of its greedy answers are right.
 At temperature 1 its rollouts are then mixed (0 < k < K correct in many groups), also under the authors' strict
@@ -21,6 +21,8 @@ launcher (``MODEL_PATH=...``, ``TRAIN_FILE=...``, ``VAL_FILE=...``, ``MAX_PROMPT
 from __future__ import annotations
 
 import argparse
+import random
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -30,10 +32,16 @@ import pandas as pd
 
 from exgrpo import tiny_model as tm
 
-# Level 1 keeps its fixed 31 test questions; 16 more from each of levels 2 and 3: a 63-question validation set
-# that vLLM answers in a few seconds on two cores.
+# The training split is build_splits(1500, 16, seed): its training prompts name the cached warm-started model
+# (tiny_model.cache_key hashes them), so the 16 held-out questions per level of levels 2 and 3 stay what they were.
+# Validation is level-balanced: level 1 has only 31 held-out questions, so levels 2 and 3 get 31 too, the 16 plus
+# 15 more drawn disjoint from every training and held-out question. 93 questions: an accuracy at p = 0.5 has a
+# binomial standard deviation of 0.052 over the draw of questions (greedy decoding adds no sampling noise), where
+# the former 63 questions, 31 of them the easiest level, weighed level 1 at half of the mean.
 N_TRAIN_PER_LEVEL = 1500
 N_VAL_PER_LEVEL = 16
+N_VAL_BALANCED = 31
+VAL_FILE_NAME = "val_balanced.parquet"  # a new name: caches holding the former val.parquet build this one beside it
 WARM_START_TARGET_ACC = 0.6
 QUESTION_WIDTH = 8  # "Q:23+58=", the longest question
 
@@ -43,6 +51,40 @@ def fixed_width(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.copy()
     frame["prompt"] = [[{**m, "content": m["content"].rjust(QUESTION_WIDTH)} for m in chat] for chat in frame["prompt"]]
     return frame
+
+
+_QUESTION_RE = re.compile(r"Q:(\d+)([+-])(\d+)=")
+
+
+def operands(frame: pd.DataFrame) -> set[tuple[int, str, int]]:
+    """The (a, op, b) of every question in ``frame``: what a new draw must avoid."""
+    found = set()
+    for chat in frame["prompt"]:
+        match = _QUESTION_RE.fullmatch(chat[-1]["content"].strip())
+        if match is None:
+            raise ValueError(f"not a synthetic arithmetic question: {chat[-1]['content']!r}")
+        found.add((int(match[1]), match[2], int(match[3])))
+    return found
+
+
+def balanced_validation(train: pd.DataFrame, held_out: pd.DataFrame, seed: int,
+                        per_level: int = N_VAL_BALANCED) -> pd.DataFrame:
+    """``held_out`` topped up to ``per_level`` questions in every level, none of them a training question.
+
+    Extra questions come from their own seeded stream, so the training split (and with it the model's cache key) is
+    the one ``build_splits`` gives; a level that already holds ``per_level`` keeps its first ``per_level``.
+    """
+    from data_preprocess.synthetic import make_row, sample_pairs
+
+    taken = operands(train) | operands(held_out)
+    rng = random.Random(f"exgrpo-balanced-validation-{seed}")
+    rows = []
+    for level in sorted({int(e["level"]) for e in held_out["extra_info"]}):
+        have = held_out[[int(e["level"]) == level for e in held_out["extra_info"]]]
+        rows += have.head(per_level).to_dict("records")
+        rows += [make_row(*pair, level, "test", len(rows) + i)
+                 for i, pair in enumerate(sample_pairs(level, max(0, per_level - len(have)), rng, taken))]
+    return pd.DataFrame(rows)
 
 
 def render_prompts(tokenizer, chats: Sequence, chat_template: str | None) -> list[str]:
@@ -62,7 +104,8 @@ def prompt_width(tokenizer, prompts: Sequence[str]) -> int:
 
 def build(root: str | Path, seed: int = 0, warm_start_target_acc: float = WARM_START_TARGET_ACC,
           chat_template: str | None = None, data_only: bool = False, progress: bool = True) -> dict[str, object]:
-    """Write (or reuse) ``root/task/{train,val}.parquet`` and the model warm-started on ``chat_template``'s prompts.
+    """Write (or reuse) ``root/task/train.parquet``, the level-balanced ``root/task/val_balanced.parquet`` and the
+    model warm-started on ``chat_template``'s prompts.
 
     One model per rendered prompt form: a template that renders the model's own prompts (qwen_think.jinja) reuses
     its warm start. ``data_only`` skips the model (a run that brings its own).
@@ -71,11 +114,14 @@ def build(root: str | Path, seed: int = 0, warm_start_target_acc: float = WARM_S
 
     root = Path(root)
     data = root / "task"
-    train_file, val_file = data / "train.parquet", data / "val.parquet"
+    train_file, val_file = data / "train.parquet", data / VAL_FILE_NAME
     if not (train_file.exists() and val_file.exists()):
         data.mkdir(parents=True, exist_ok=True)
-        train, val = build_splits(N_TRAIN_PER_LEVEL, N_VAL_PER_LEVEL, seed)
-        for frame, path in ((train, train_file), (val, val_file)):
+        train, held_out = build_splits(N_TRAIN_PER_LEVEL, N_VAL_PER_LEVEL, seed)
+        files = [(balanced_validation(train, held_out, seed), val_file)]
+        if not train_file.exists():  # an existing training file is left alone: runs may be reading it
+            files.append((train, train_file))
+        for frame, path in files:
             fixed_width(frame).to_parquet(path.with_suffix(".tmp"), index=False)
             path.with_suffix(".tmp").replace(path)
     out: dict[str, object] = {"TRAIN_FILE": train_file.resolve(), "VAL_FILE": val_file.resolve()}

@@ -374,7 +374,8 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
         for frame, path in ((train_df, cfg.data.train_file), (test_df, cfg.data.test_file)):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             frame.to_parquet(path, index=False)
-    tokenizer = tm.build_tokenizer()
+    # The verl twin's model (model.vllm_compatible) reads its byte-level vocabulary and ChatML-with-<think> prompts.
+    tokenizer = tm.build_tokenizer(cfg.model.vllm_compatible)
     train_qs, test_qs = load_questions(cfg.data.train_file, tokenizer), load_questions(cfg.data.test_file, tokenizer)
     model, tokenizer, model_path = tm.load_or_build(tc.model_cache, [q.prompt for q in train_qs],
                                                     [q.ground_truth for q in train_qs], cfg.model, tc.progress)

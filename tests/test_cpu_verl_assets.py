@@ -1,0 +1,65 @@
+"""The verl twin's task files: a level-balanced validation set that leaves the training split (and so the cached
+warm-started model's key) untouched, and the runner reading the twin's model and files as the twin does."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from data_preprocess.synthetic import build_splits
+from exgrpo import cpu_verl_assets as assets
+from exgrpo import tiny_model as tm
+
+
+def levels(frame: pd.DataFrame) -> list[int]:
+    return [int(e["level"]) for e in frame["extra_info"]]
+
+
+def qids(frame: pd.DataFrame) -> set[str]:
+    return {e["qid"] for e in frame["extra_info"]}
+
+
+def test_validation_holds_31_questions_per_level_none_of_them_trained_on(tmp_path):
+    out = assets.build(tmp_path, data_only=True, progress=False)
+    train, val = pd.read_parquet(out["TRAIN_FILE"]), pd.read_parquet(out["VAL_FILE"])
+    assert pd.Series(levels(val)).value_counts().to_dict() == {1: 31, 2: 31, 3: 31}
+    assert len(qids(val)) == 93 and not qids(val) & qids(train)
+    assert all(chat[-1]["content"] == chat[-1]["content"].rjust(assets.QUESTION_WIDTH) for chat in val["prompt"])
+    for truth, extra in zip(val["reward_model"], val["extra_info"], strict=True):  # answers are right
+        a, op, b = assets._QUESTION_RE.fullmatch(extra["question"]).groups()
+        assert int(truth["ground_truth"]) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+
+
+def test_training_split_and_so_the_models_cache_key_is_the_one_build_splits_gives(tmp_path):
+    out = assets.build(tmp_path, data_only=True, progress=False)
+    train, held_out = build_splits(assets.N_TRAIN_PER_LEVEL, assets.N_VAL_PER_LEVEL, 0)
+    written = pd.read_parquet(out["TRAIN_FILE"])
+    assert [c[-1]["content"] for c in written["prompt"]] == [
+        c[-1]["content"] for c in assets.fixed_width(train)["prompt"]]
+    tokenizer = tm.build_tokenizer(vllm_compatible=True)
+    cfg = tm.TinyModelConfig(vllm_compatible=True, thought_then_answer=True, prompt_width=29)
+    answers = [str(r["ground_truth"]) for r in written["reward_model"]]
+    key = tm.cache_key(cfg, assets.render_prompts(tokenizer, written["prompt"], None), answers)
+    assert key == tm.cache_key(cfg, assets.render_prompts(tokenizer, assets.fixed_width(train)["prompt"], None),
+                               [str(r["ground_truth"]) for r in train["reward_model"]])
+    # the former held-out questions are all still validation questions
+    assert qids(held_out) <= qids(pd.read_parquet(out["VAL_FILE"]))
+
+
+def test_a_cache_with_the_former_files_gets_the_balanced_file_beside_them_and_keeps_its_training_file(tmp_path):
+    task = tmp_path / "task"
+    task.mkdir()
+    train, held_out = build_splits(assets.N_TRAIN_PER_LEVEL, assets.N_VAL_PER_LEVEL, 0)
+    assets.fixed_width(train).to_parquet(task / "train.parquet", index=False)
+    assets.fixed_width(held_out).to_parquet(task / "val.parquet", index=False)
+    before = (task / "train.parquet").stat().st_mtime_ns
+    out = assets.build(tmp_path, data_only=True, progress=False)
+    assert out["VAL_FILE"] == (task / assets.VAL_FILE_NAME).resolve()
+    assert len(pd.read_parquet(out["VAL_FILE"])) == 93
+    assert (task / "train.parquet").stat().st_mtime_ns == before
+
+
+def test_balanced_validation_refuses_a_question_it_cannot_read():
+    frame = pd.DataFrame({"prompt": [[{"role": "user", "content": "what is 2+2?"}]]})
+    with pytest.raises(ValueError, match="not a synthetic arithmetic question"):
+        assets.operands(frame)
