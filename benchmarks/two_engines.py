@@ -104,12 +104,12 @@ def mean_band(values: Sequence[float]) -> tuple[float, float]:
 
 
 def collect(root: Path) -> dict[tuple[str, str], dict[int, dict[int, float]]]:
-    """(engine, arm) -> seed -> curve, for every run folder under ``root`` with at least one evaluation."""
+    """(engine, arm) -> seed -> curve, for every finished run under ``root`` (a run still going is left out)."""
     out: dict[tuple[str, str], dict[int, dict[int, float]]] = {}
     for engine in ENGINES:
         for arm in ARMS:
             for folder in sorted(root.glob(f"{engine}_{arm}_s*")):
-                if folder.is_dir() and (points := curve(folder, engine)):
+                if folder.is_dir() and finished(folder, engine) and (points := curve(folder, engine)):
                     out.setdefault((engine, arm), {})[int(folder.name.rsplit("_s", 1)[1])] = points
     return out
 
@@ -124,7 +124,8 @@ def report(root: Path, plot_path: Path | None) -> str:
         first = [c[0] for c in runs.values() if 0 in c]
         end = [c[last] for c in runs.values() if last in c]
         delta = [c[last] - c[0] for c in runs.values() if 0 in c and last in c]
-        fmt = ["{:.3f} ± {:.3f}".format(*mean_band(v)) if v else "" for v in (first, end, delta)]
+        fmt = [("{:.3f} ± {:.3f}".format(*mean_band(v)) if len(v) > 1 else f"{v[0]:.3f}") if v else ""
+               for v in (first, end, delta)]
         lines.append(f"| {engine} | {arm} | {len(runs)} ({', '.join(map(str, sorted(runs)))}) | {last} | "
                      + " | ".join(fmt) + " |")
     if plot_path is not None and data:
