@@ -167,6 +167,7 @@ class ExGRPOTrainer(PPOTrainerSync):
     def prepare_step(self) -> dict:
         if not self.exgrpo_enabled:
             return super().prepare_step()
+        start = time.perf_counter()
         self._groups = {}
         self._step_replayed = {}
         batch_size = self.config.data.train_batch_size
@@ -185,6 +186,8 @@ class ExGRPOTrainer(PPOTrainerSync):
             "exgrpo/fresh_questions": float(len(plan.fresh)),
             "exgrpo/skipped_retired": float(plan.skipped_retired),
             "exgrpo/deferred_fresh": float(plan.deferred),
+            # drawing replay and fresh questions and submitting them to the rollout (verl has no timer here)
+            "timing_s/exgrpo_compose": time.perf_counter() - start,
         }
 
     def _add_prompts_to_generate(self, num_prompts: int) -> int:
@@ -212,7 +215,7 @@ class ExGRPOTrainer(PPOTrainerSync):
             self.on_sample_end()
 
         with marked_timer("exgrpo_replay", timing_raw, color="purple"):
-            batch = self.insert_replayed(batch, metrics)
+            batch = self.insert_replayed(batch, metrics, timing_raw)
 
         if self.reward_loop_manager.reward_loop_worker_handles is None:
             with marked_timer("reward", timing_raw, color="yellow"):
@@ -287,8 +290,13 @@ class ExGRPOTrainer(PPOTrainerSync):
         return batch
 
     # ------------------------------------------------------------------ replay insertion
-    def insert_replayed(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        """Complete every replayed group with its selected stored trajectory (session K - 1)."""
+    def insert_replayed(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict | None = None) -> KVBatchMeta:
+        """Complete every replayed group with its selected stored trajectory (session K - 1).
+
+        Timed in three parts (``timing_s/exgrpo_score``, ``exgrpo_rescore``, ``exgrpo_insert``): the entropy forward
+        over the stored candidates, the chosen ones' rewards, and writing them into their groups.
+        """
+        timing_raw = {} if timing_raw is None else timing_raw
         self._step_replayed = {}
         n_rollouts = self.config.actor_rollout_ref.rollout.n
         groups = final_outputs(batch.keys)
@@ -313,20 +321,24 @@ class ExGRPOTrainer(PPOTrainerSync):
         templates = [{name: data[i][name] for name in data.keys()} for i in range(len(template_keys))]
         self._replay_has_rollout_log_probs = "rollout_log_probs" in data.keys()
 
-        members = self._select_members(replay_uids, templates)
-        rewards = self._recompute_rewards(templates, members)
-        new_keys, records, new_tags = [], [], []
-        for template, template_key, member, reward in zip(templates, template_keys, members, rewards, strict=True):
-            member.key = f"{member.uid}_{n_rollouts - 1}_0"
-            score, extra = reward if reward is not None else (None, None)
-            record, tag = replay_record(template, tag_of[template_key], member, n_rollouts - 1, score, extra)
-            new_keys.append(member.key)
-            records.append(record)
-            new_tags.append(tag)
-            self._step_replayed[member.key] = member
-        tq.kv_batch_put(
-            keys=new_keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(records), tags=new_tags
-        )
+        with marked_timer("exgrpo_score", timing_raw):
+            members = self._select_members(replay_uids, templates)
+        with marked_timer("exgrpo_rescore", timing_raw):
+            rewards = self._recompute_rewards(templates, members)
+        with marked_timer("exgrpo_insert", timing_raw):
+            new_keys, records, new_tags = [], [], []
+            for template, template_key, member, reward in zip(templates, template_keys, members, rewards, strict=True):
+                member.key = f"{member.uid}_{n_rollouts - 1}_0"
+                score, extra = reward if reward is not None else (None, None)
+                record, tag = replay_record(template, tag_of[template_key], member, n_rollouts - 1, score, extra)
+                new_keys.append(member.key)
+                records.append(record)
+                new_tags.append(tag)
+                self._step_replayed[member.key] = member
+            tq.kv_batch_put(
+                keys=new_keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(records),
+                tags=new_tags,
+            )
         scored = [m.entropy for m in members if m.entropy is not None]
         metrics.update(
             {

@@ -216,11 +216,16 @@ def build_trainer(config, worker, correct: dict[str, set[int]], cls=ExGRPOTraine
     return trainer, policy
 
 
+# verl's timing_raw of the last run_step (what verl turns into timing_s/* metrics).
+LAST_TIMING: dict[str, float] = {}
+
+
 def run_step(trainer, metrics: dict | None = None):
     """prepare_step + _step_once for the current global step; returns the batch meta and the metrics."""
     metrics = {} if metrics is None else metrics
     metrics.update(trainer.prepare_step())
-    batch = trainer._step_once(metrics, {}, trainer.config.data.train_batch_size)
+    LAST_TIMING.clear()
+    batch = trainer._step_once(metrics, LAST_TIMING, trainer.config.data.train_batch_size)
     return batch, metrics
 
 
