@@ -34,6 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ARMS = ("grpo", "exgrpo")
 ENGINES = ("runner", "twin")
+MIN_SEEDS_FOR_BAND = 3  # a t band from two seeds (12.7 x the standard error) spans most of the axis
 TWIN_ACC_KEY = "val-core/synthetic_arith/acc/mean@1"  # verl's greedy validation accuracy (n=1, do_sample=false)
 # Two-sided 95 % Student t quantiles by degrees of freedom (scipy is not a dependency).
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -142,13 +143,15 @@ def report(root: Path, plot_path: Path | None) -> str:
             stats = [mean_band([c[s] for c in runs.values()]) for s in steps]
             colour, style = styles[(engine, arm)]
             means = [m for m, _ in stats]
-            ax.plot(steps, means, style, color=colour, marker="o", label=f"{engine} {arm} ({len(runs)} seeds)")
-            if len(runs) > 1:
+            ax.plot(steps, means, style, color=colour, marker="o", lw=2, label=f"{engine} {arm} ({len(runs)} seeds)")
+            for points in runs.values():  # every seed, faint: two seeds give a t band too wide to read
+                ax.plot(steps, [points[s] for s in steps], style, color=colour, lw=0.7, alpha=0.35)
+            if len(runs) >= MIN_SEEDS_FOR_BAND:
                 ax.fill_between(steps, [m - h for m, h in stats], [m + h for m, h in stats], color=colour,
-                                alpha=0.12 if arm == "grpo" else 0.22)
+                                alpha=0.10 if arm == "grpo" else 0.18)
         ax.set(xlabel="step (32 questions x 8 rollouts, one AdamW step)",
                ylabel="greedy accuracy, 93 balanced val questions",
-               title="one experiment, two engines (mean, 95% band over seeds)")
+               title=f"one experiment, two engines\n(mean; 95% band with {MIN_SEEDS_FOR_BAND}+ seeds; faint: each seed)")
         ax.legend()
         fig.tight_layout()
         fig.savefig(plot_path, dpi=90)
