@@ -63,3 +63,16 @@ def test_balanced_validation_refuses_a_question_it_cannot_read():
     frame = pd.DataFrame({"prompt": [[{"role": "user", "content": "what is 2+2?"}]]})
     with pytest.raises(ValueError, match="not a synthetic arithmetic question"):
         assets.operands(frame)
+
+
+def test_runner_reads_the_twins_files_as_the_prompts_the_twins_model_was_warm_started_on(tmp_path):
+    """The runner's cpu_twin.yaml must find the twin's cached model: same prompt texts, so the same cache key."""
+    from exgrpo.runner import load_questions
+
+    out = assets.build(tmp_path, data_only=True, progress=False)
+    tokenizer = tm.build_tokenizer(vllm_compatible=True)
+    frame = pd.read_parquet(out["TRAIN_FILE"])
+    runner_prompts = [q.prompt for q in load_questions(out["TRAIN_FILE"], tokenizer)]
+    assert runner_prompts == assets.render_prompts(tokenizer, frame["prompt"], None)
+    assert assets.prompt_width(tokenizer, runner_prompts) == 29
+    assert all(p.endswith("<|im_start|>assistant\n<think>\n") for p in runner_prompts[:5])
