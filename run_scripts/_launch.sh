@@ -125,6 +125,9 @@ EXGRPO_CPU_PROFILE=(
   "+actor_rollout_ref.rollout.enable_sleep_mode=false"
   "actor_rollout_ref.rollout.max_num_seqs=128"
   "actor_rollout_ref.rollout.max_num_batched_tokens=2048"
+  # validation: greedy on the tiny task's 93 questions (one sample at 0.6 moves the number by ~0.04 between reruns
+  # of the same weights; verl's agent loop decodes greedily only at temperature 0, whatever do_sample says)
+  "actor_rollout_ref.rollout.val_kwargs.temperature=0"
 )
 
 # CPU_PRESET=learn (CPU only): one experiment, two engines. The twin at the settings of the runner's

@@ -293,8 +293,9 @@ class ExGRPOTrainer(PPOTrainerSync):
     def insert_replayed(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict | None = None) -> KVBatchMeta:
         """Complete every replayed group with its selected stored trajectory (session K - 1).
 
-        Timed in three parts (``timing_s/exgrpo_score``, ``exgrpo_rescore``, ``exgrpo_insert``): the entropy forward
-        over the stored candidates, the chosen ones' rewards, and writing them into their groups.
+        Timed in parts (``timing_s/exgrpo_fetch``, ``exgrpo_score``, ``exgrpo_rescore``, ``exgrpo_insert``): reading
+        the template records, the entropy forward over the stored candidates, the chosen ones' rewards, and writing
+        them into their groups.
         """
         timing_raw = {} if timing_raw is None else timing_raw
         self._step_replayed = {}
@@ -317,7 +318,8 @@ class ExGRPOTrainer(PPOTrainerSync):
                     f"__rollout_n__={n_rollouts} instead of {n_rollouts - 1}"
                 )
             template_keys.append(sessions[min(sessions)])
-        data = tq.kv_batch_get(keys=template_keys, partition_id=batch.partition_id)
+        with marked_timer("exgrpo_fetch", timing_raw):  # the template records, every field
+            data = tq.kv_batch_get(keys=template_keys, partition_id=batch.partition_id)
         templates = [{name: data[i][name] for name in data.keys()} for i in range(len(template_keys))]
         self._replay_has_rollout_log_probs = "rollout_log_probs" in data.keys()
 

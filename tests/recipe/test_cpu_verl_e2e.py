@@ -38,6 +38,7 @@ STEPS = 3
 # latch at step 1 or 2 (step-1 fresh accuracy is ~0.4-0.5 under strict grading), replay is inserted by step 4.
 PAPER_STEPS = 4
 SKIPPED = "actor/exgrpo/update_skipped"
+SAVE_HF_WEIGHTS = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
 
 
 def _require_vllm_metadata() -> None:
@@ -128,7 +129,7 @@ def assert_clean_exit(run: Run) -> None:
 def paper_run(job_root) -> Run:
     return run_job(job_root / "user", job_root / "paper_ckpt", "paper",
                    f"trainer.total_training_steps={PAPER_STEPS}", "trainer.save_freq=1",
-                   f"trainer.test_freq={PAPER_STEPS}")
+                   f"trainer.test_freq={PAPER_STEPS}", SAVE_HF_WEIGHTS)
 
 
 def test_paper_script_twin_trains_with_replay_the_guard_and_strict_grading_and_checkpoints(paper_run, job_root):
@@ -160,42 +161,50 @@ def test_paper_script_twin_trains_with_replay_the_guard_and_strict_grading_and_c
     assert tracker.read_text().strip() == str(PAPER_STEPS)
 
 
-def test_same_command_with_one_more_step_resumes_with_the_saved_pool(paper_run, job_root):
+def test_one_more_step_resumes_with_the_saved_pool_and_a_forced_skip_changes_no_weight(paper_run, job_root):
+    """The same command one step further, with the grad-norm bound at 1e-9: it resumes with the pool the first run
+    saved, bit for bit, and the guard skips the step's optimizer update, so the weights it saves are the ones it
+    resumed from."""
+    from safetensors.torch import load_file
+
     assert paper_run.returncode == 0, paper_run.tail()
     saved = printed_digests(paper_run.output, "saved")
     assert sorted(saved) == list(range(1, PAPER_STEPS + 1))
 
     from exgrpo.pool import ExperiencePool
 
-    on_disk = ExperiencePool.load(job_root / "paper_ckpt" / f"global_step_{PAPER_STEPS}" / "exgrpo_pool.npz")
+    ckpt = job_root / "paper_ckpt"
+    on_disk = ExperiencePool.load(ckpt / f"global_step_{PAPER_STEPS}" / "exgrpo_pool.npz")
     assert on_disk.state_digest() == saved[PAPER_STEPS] and len(on_disk) > 0
 
-    run = run_job(job_root / "user", job_root / "paper_ckpt", "resume",
-                  f"trainer.total_training_steps={PAPER_STEPS + 1}", "trainer.save_freq=1",
-                  f"trainer.test_freq={PAPER_STEPS}")
+    run = run_job(job_root / "user", ckpt, "resume", f"trainer.total_training_steps={PAPER_STEPS + 1}",
+                  "trainer.save_freq=1", f"trainer.test_freq={PAPER_STEPS}", SAVE_HF_WEIGHTS,
+                  "exgrpo.skip_step_grad_norm=1e-9")
     assert_clean_exit(run)
-    assert f"Resuming from {job_root / 'paper_ckpt' / f'global_step_{PAPER_STEPS}'}" in run.output, run.tail()
-    # The pool the resumed trainer holds is, bit for bit, the one the first run saved: questions, buckets,
-    # trajectories, retired set, latch and RNG state.
-    assert printed_digests(run.output, "restored") == {PAPER_STEPS: saved[PAPER_STEPS]}
-    assert train_steps(run, "exgrpo/fresh_acc") == [PAPER_STEPS + 1]
-    assert run.metrics[PAPER_STEPS + 1]["exgrpo/latch"] == 1.0
-    assert (job_root / "paper_ckpt" / f"global_step_{PAPER_STEPS + 1}" / "exgrpo_pool.npz").is_file()
+    assert f"Resuming from {ckpt / f'global_step_{PAPER_STEPS}'}" in run.output, run.tail()
+    # The pool the resumed trainer holds is, bit for bit, the one the first run saved (questions, buckets,
+    # trajectories, retired set, latch and RNG state), read under this run's config: the digest covers the config,
+    # and this command changed one of its keys (the grad-norm bound).
+    import dataclasses
 
-
-def test_a_step_whose_gradient_norm_passes_the_bound_is_skipped_and_changes_no_weight(job_root):
-    from safetensors.torch import load_file
-
-    run = run_job(job_root / "user", job_root / "skip_ckpt", "skip", "exgrpo.skip_step_grad_norm=1e-9",
-                  "trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.test_freq=10",
-                  "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]")
-    assert_clean_exit(run)
-    assert run.metrics[1][SKIPPED] == 1.0 and run.metrics[1]["actor/grad_norm"] > 1e-9
+    resumed_config = dataclasses.replace(on_disk.config, skip_step_grad_norm=1e-9)
+    expected = ExperiencePool.load(ckpt / f"global_step_{PAPER_STEPS}" / "exgrpo_pool.npz", config=resumed_config)
+    assert expected.state_digest() != saved[PAPER_STEPS]
+    assert printed_digests(run.output, "restored") == {PAPER_STEPS: expected.state_digest()}
+    step = PAPER_STEPS + 1
+    assert train_steps(run, "exgrpo/fresh_acc") == [step]
+    assert run.metrics[step]["exgrpo/latch"] == 1.0
+    assert (ckpt / f"global_step_{step}" / "exgrpo_pool.npz").is_file()
+    # The update was skipped: reported, and the saved weights equal the resumed ones.
+    assert run.metrics[step][SKIPPED] == 1.0 and run.metrics[step]["actor/grad_norm"] > 1e-9
     assert "[exgrpo] optimizer step skipped" in run.output
-    model_path = Path(re.search(r"'path': '([^']*/tiny_qwen2_[0-9a-f]+)'", run.output).group(1))  # the twin's model
-    before = load_file(model_path / "model.safetensors")
-    after = load_file(job_root / "skip_ckpt" / "global_step_1" / "actor" / "huggingface" / "model.safetensors")
+    before = load_file(ckpt / f"global_step_{PAPER_STEPS}" / "actor" / "huggingface" / "model.safetensors")
+    after = load_file(ckpt / f"global_step_{step}" / "actor" / "huggingface" / "model.safetensors")
     assert before.keys() == after.keys() and all(before[k].equal(after[k]) for k in before)
+    # ... and they are not the model the first run started from: the paper run's updates did happen.
+    model_path = Path(re.search(r"'path': '([^']*/tiny_qwen2_[0-9a-f]+)'", run.output).group(1))
+    initial = load_file(model_path / "model.safetensors")
+    assert any(not initial[k].equal(before[k]) for k in before if k in initial)
 
 
 def test_grpo_baseline_script_twin_runs_verls_step_with_the_authors_settings(job_root):

@@ -114,7 +114,7 @@ def test_two_steps_fresh_then_replay_with_real_tq_and_engine(harness, tq_cluster
     assert sorted((s["qid"], s["n"]) for s in submitted) == [("q0", K - 1), ("q1", K - 1), ("q4", K), ("q5", K)]
     assert metrics["exgrpo/replay_questions"] == 2.0 and metrics["exgrpo/inserted"] == 2.0
     # ExGRPO's own work is timed in its parts, inside the replay block's total.
-    parts = [h.LAST_TIMING[k] for k in ("exgrpo_score", "exgrpo_rescore", "exgrpo_insert")]
+    parts = [h.LAST_TIMING[k] for k in ("exgrpo_fetch", "exgrpo_score", "exgrpo_rescore", "exgrpo_insert")]
     assert all(t > 0 for t in parts) and sum(parts) <= h.LAST_TIMING["exgrpo_replay"]
     assert metrics["timing_s/exgrpo_compose"] > 0
     # The actor's replay statistics arrive as means over the step's replayed tokens, the sums behind them removed.

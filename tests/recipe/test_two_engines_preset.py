@@ -76,7 +76,8 @@ def test_without_the_preset_the_twin_keeps_the_cpu_profile_and_an_unknown_preset
     assert result.returncode == 0, result.stderr
     config = compose_config(result.stdout.splitlines())
     assert config.data.train_batch_size == 8 and config.actor_rollout_ref.actor.ppo_mini_batch_size == 4
-    assert config.actor_rollout_ref.rollout.val_kwargs.temperature == 0.6
+    assert config.actor_rollout_ref.rollout.val_kwargs.temperature == 0  # the CPU profile validates greedily too
+    assert config.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-sum-norm"  # the preset's keys stay off
     result, _ = twin_config(tmp_path, "fast")
     assert result.returncode == 2 and "CPU_PRESET=fast: use learn" in result.stderr
 
