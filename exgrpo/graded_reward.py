@@ -129,10 +129,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     try:
         if not isinstance(solution_str, str):
             return _result(error=f"solution_str is {type(solution_str).__name__}, not str")
-        if hasattr(ground_truth, "tolist") and not isinstance(ground_truth, str):  # numpy scalar or array
-            ground_truth = ground_truth.tolist()
-        if isinstance(ground_truth, (list, tuple)) and len(ground_truth) == 1:
-            ground_truth = ground_truth[0]
+        ground_truth = _verifier.unwrap_ground_truth(ground_truth)
         truth = ground_truth if isinstance(ground_truth, int) and not isinstance(ground_truth, bool) else (
             parse_integer(str(ground_truth)))
         if truth is None:

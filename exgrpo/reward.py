@@ -1002,6 +1002,16 @@ atexit.register(shutdown)
 
 
 # ----------------------------------------------------------------------------------------------- entry points
+def unwrap_ground_truth(value: Any) -> Any:
+    """The ground truth as verl hands it over, unwrapped: a numpy scalar or array becomes Python values, and a
+    one-element list its element (parquet columns arrive as either)."""
+    if hasattr(value, "tolist") and not isinstance(value, str):  # numpy scalar or array
+        value = value.tolist()
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    return value
+
+
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
                   **kwargs: Any) -> dict[str, Any]:
     """verl custom reward: ``{"score": 0.0|1.0, "acc", "pred", "timeout", "error"}``; never raises or hangs.
@@ -1015,10 +1025,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
         queue_timeout_s = float(kwargs.get("queue_timeout_s", DEFAULT_QUEUE_TIMEOUT_S))
         if not isinstance(solution_str, str):
             return _result(error=f"solution_str is {type(solution_str).__name__}, not str")
-        if hasattr(ground_truth, "tolist") and not isinstance(ground_truth, str):  # numpy scalar or array
-            ground_truth = ground_truth.tolist()
-        if isinstance(ground_truth, (list, tuple)) and len(ground_truth) == 1:
-            ground_truth = ground_truth[0]
+        ground_truth = unwrap_ground_truth(ground_truth)
         if ground_truth is None or (isinstance(ground_truth, str) and not ground_truth.strip()):
             return _result(error="empty ground truth")
         if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int, float)):
