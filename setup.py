@@ -39,7 +39,7 @@ setup(
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["exgrpo", "exgrpo.*", "recipe", "recipe.*", "data_preprocess",
                                     "data_preprocess.*"]),
-    package_data={"exgrpo": ["configs/*.yaml"], "recipe.exgrpo": ["config/*.yaml"]},
+    package_data={"exgrpo.embedded": ["configs/*.yaml"], "recipe.exgrpo": ["config/*.yaml"]},
     include_package_data=True,
     install_requires=CORE,
     extras_require=EXTRAS,

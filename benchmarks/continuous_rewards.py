@@ -1,7 +1,7 @@
 """Continuous vs binary rewards on the tiny CPU task: GRPO and ExGRPO, each trained on 0/1 or on graded rewards.
 
 Issue 19: ``exgrpo.reward_type: continuous`` had unit tests but had never trained. Here it trains through the CPU
-runner with the graded arithmetic reward (``trainer.reward=graded``, :mod:`exgrpo.graded_reward`: partial credit
+runner with the graded arithmetic reward (``trainer.reward=graded``, :mod:`exgrpo.verifier.graded`: partial credit
 for a near miss), beside the binary default (math-verify, 0 or 1), with everything else equal: the regime study's
 ``today`` regime (``benchmarks/regime_study.py``: B = 32, K = 8, 60 steps, same warm start, 1 thread). Test
 accuracy is the same 0/1 greedy verdict (math-verify) for every arm, so the graded reward changes what the policy
@@ -87,7 +87,7 @@ def report(results: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(REPO / "exgrpo" / "configs" / "cpu_tiny.yaml"))
+    parser.add_argument("--config", default=str(REPO / "exgrpo" / "embedded" / "configs" / "cpu_tiny.yaml"))
     parser.add_argument("--out", default="runs/continuous")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))

@@ -21,8 +21,8 @@ import tracemalloc
 
 import numpy as np
 
-from exgrpo.config import ExGRPOConfig
-from exgrpo.pool import ExperiencePool
+from exgrpo.algorithm.config import ExGRPOConfig
+from exgrpo.algorithm.pool import ExperiencePool
 
 K, B, N_REPLAY = 8, 128, 64
 

@@ -42,8 +42,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from exgrpo import tiny_model as tm  # noqa: E402
-from exgrpo.runner import load_config, load_questions, train  # noqa: E402
+from exgrpo.embedded import tiny_model as tm  # noqa: E402
+from exgrpo.embedded.runner import load_config, load_questions, train  # noqa: E402
 
 REGIMES: dict[str, list[str]] = {
     "today": [],
@@ -57,7 +57,7 @@ ARMS: dict[str, list[str]] = {
     "exgrpo_retire2": ["exgrpo.retire_after=2"],
     "exgrpo_select_random": ["exgrpo.select=random"],
     "exgrpo_no_shaping": ["exgrpo.shaping=false"],
-    # graded partial credit as continuous rewards (exgrpo/graded_reward.py; benchmarks/continuous_rewards.py)
+    # graded partial credit as continuous rewards (exgrpo/verifier/graded.py; benchmarks/continuous_rewards.py)
     "grpo_graded": ["exgrpo.enable=false", "trainer.reward=graded", "exgrpo.reward_type=continuous"],
     "exgrpo_graded": ["trainer.reward=graded", "exgrpo.reward_type=continuous"],
 }
@@ -82,7 +82,7 @@ def prepare(regime: str, args: argparse.Namespace) -> None:
     with lock_path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if cfg.data.build_synthetic and not all(Path(p).exists() for p in (cfg.data.train_file, cfg.data.test_file)):
-            from data_preprocess.synthetic import build_splits  # as train() would, but before reading them here
+            from exgrpo.embedded.task import build_splits  # as train() would, but before reading them here
 
             frames = build_splits(cfg.data.n_train_per_level, cfg.data.n_test_per_level, cfg.data.seed)
             for frame, path in zip(frames, (cfg.data.train_file, cfg.data.test_file), strict=True):
@@ -213,7 +213,7 @@ def plot(regime: str, by_arm: dict[str, list[dict]], path: Path, target: float |
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(REPO / "exgrpo" / "configs" / "cpu_tiny.yaml"))
+    parser.add_argument("--config", default=str(REPO / "exgrpo" / "embedded" / "configs" / "cpu_tiny.yaml"))
     parser.add_argument("--out", default="runs/regimes")
     parser.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])

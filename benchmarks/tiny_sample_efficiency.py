@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from exgrpo.runner import load_config, train  # noqa: E402
+from exgrpo.embedded.runner import load_config, train  # noqa: E402
 
 ARMS: dict[str, list[str]] = {
     "grpo": ["exgrpo.enable=false"],
@@ -140,7 +140,7 @@ def plot(by_arm: dict[str, list[dict]], path: Path, target: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(REPO / "exgrpo" / "configs" / "cpu_tiny.yaml"))
+    parser.add_argument("--config", default=str(REPO / "exgrpo" / "embedded" / "configs" / "cpu_tiny.yaml"))
     parser.add_argument("--out", default="runs/bench_tiny")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from exgrpo import tiny_model as tm
-from exgrpo.runner import load_questions, make_scorer
+from exgrpo.embedded import tiny_model as tm
+from exgrpo.embedded.runner import load_questions, make_scorer
 
 MODEL = Path("cache/verl_cpu/models/tiny_qwen2_5fdbb03a2567")
 PROMPT_WIDTH, MAX_RESPONSE = 29, 24

@@ -1,6 +1,6 @@
 """The verifier under pathological answers, and what its pre-check costs on ordinary ones.
 
-Four measurements of ``exgrpo.reward.compute_score`` with its default settings (time limit, worker count):
+Four measurements of ``exgrpo.verifier.compute_score`` with its default settings (time limit, worker count):
 
     python benchmarks/verifier_adversarial.py              # adversarial suite from 8 threads: wall time, all 0
     python benchmarks/verifier_adversarial.py --overhead   # pre-check cost per call on ordinary answers
@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from exgrpo import reward  # noqa: E402 - after the path set-up, so the script runs from a checkout
+from exgrpo.verifier import grading, precheck, workers  # noqa: E402 - after the path set-up, so the script runs from a checkout
 
 SHARED_BENCHMARKS = REPO.parent / "shared" / "data" / "benchmarks"
 THINK = "<think>\nLet me work this out carefully.\n</think>\n"
@@ -180,7 +180,7 @@ def realistic_responses(golds: list[tuple[str, str]], seed: int = 0) -> list[tup
     then solves both, its slowest legitimate path), and for a quarter of the answers a whole response without
     ``</think>`` of ~20 kB with display math, graded whole.
     """
-    from exgrpo.evaluate import perturb_answer
+    from exgrpo.tools.evaluate import perturb_answer
 
     rng = random.Random(seed)
     out = []
@@ -213,7 +213,7 @@ def benchmark_golds() -> list[tuple[str, str]]:
     for path in sorted(SHARED_BENCHMARKS.glob("*.parquet")):
         frame = pd.read_parquet(path, columns=["data_source", "reward_model"])
         for data_source, model in zip(frame["data_source"], frame["reward_model"], strict=True):
-            if not reward.is_multiple_choice(data_source):
+            if not grading.is_multiple_choice(data_source):
                 golds[(str(data_source), str(model["ground_truth"]))] = None
     return list(golds)
 
@@ -222,13 +222,13 @@ def benchmark_golds() -> list[tuple[str, str]]:
 def run_suite(threads: int = 8, **kwargs: Any) -> dict[str, Any]:
     """Grade every adversarial answer at once from ``threads`` threads; wall time and each result."""
     cases = adversarial_cases()
-    pool = reward.get_pool()
+    pool = workers.get_pool()
     pool.warm_up()  # worker start-up is paid once per training run, not per step: keep it out of the figure
 
     def one(item: tuple[str, tuple[str, str]]) -> tuple[str, dict[str, Any], float]:
         name, (response, gold) = item
         start = time.perf_counter()
-        result = reward.compute_score("math", response, gold, **kwargs)
+        result = grading.compute_score("math", response, gold, **kwargs)
         return name, result, time.perf_counter() - start
 
     start = time.perf_counter()
@@ -251,7 +251,7 @@ def ordinary_answers() -> list[tuple[str, str]]:
 def measure_overhead(calls: int = 600, rounds: int = 9) -> dict[str, Any]:
     """Pre-check cost per call on ordinary answers, end to end (precheck on vs off) and per part.
 
-    End to end: the answers of ``python exgrpo/reward.py`` (pool overhead benchmark) through compute_score,
+    End to end: the answers of ``python -m exgrpo.verifier`` (pool overhead benchmark) through compute_score,
     alternating off/on blocks, medians over rounds. Parts, timed in this process: the parent's text check on the
     answer sections of the realistic responses and on their ~20 kB whole responses (no ``</think>``), and the
     worker's candidate and tree checks on every benchmark ground truth (the hand-written answers without them).
@@ -262,16 +262,16 @@ def measure_overhead(calls: int = 600, rounds: int = 9) -> dict[str, Any]:
     from latex2sympy2_extended.latex2sympy2 import latex2sympy
 
     cases = ordinary_answers()
-    pool = reward.get_pool()
+    pool = workers.get_pool()
     pool.warm_up()
     for response, gold in cases:
-        reward.compute_score("math", response, gold)
+        grading.compute_score("math", response, gold)
 
     def block(precheck: bool) -> float:
         start = time.perf_counter()
         for i in range(calls):
             response, gold = cases[i % len(cases)]
-            assert reward.compute_score("math", response, gold, precheck=precheck)["score"] == 1.0
+            assert grading.compute_score("math", response, gold, precheck=precheck)["score"] == 1.0
         return (time.perf_counter() - start) / calls
 
     on, off = [], []
@@ -280,7 +280,7 @@ def measure_overhead(calls: int = 600, rounds: int = 9) -> dict[str, Any]:
         on.append(block(True))
     golds = [gold for _, gold in benchmark_golds()] or [gold for _, gold, _ in legitimate_cases()]
     responses = [response for _, response, _ in realistic_responses([("math", gold) for gold in golds])]
-    short = [reward.answer_section(r) for r in responses if "</think>" in r]
+    short = [grading.answer_section(r) for r in responses if "</think>" in r]
     long = [r for r in responses if "</think>" not in r]
     candidates = [gold.strip().strip("$") for gold in golds]
     trees = []
@@ -299,11 +299,11 @@ def measure_overhead(calls: int = 600, rounds: int = 9) -> dict[str, Any]:
 
     return {"grade_precheck_off_ms": 1e3 * statistics.median(off), "grade_precheck_on_ms": 1e3 * statistics.median(on),
             "difference_ms": 1e3 * statistics.median(b - a for a, b in zip(off, on, strict=True)),
-            "text_check_us": per_call_us(reward.precheck_text, short), "answer_sections": len(short),
-            "text_check_long_us": per_call_us(reward.precheck_text, long), "long_responses": len(long),
+            "text_check_us": per_call_us(precheck.precheck_text, short), "answer_sections": len(short),
+            "text_check_long_us": per_call_us(precheck.precheck_text, long), "long_responses": len(long),
             "long_response_kB": statistics.mean(len(r) for r in long) / 1e3 if long else 0,
-            "candidate_check_us": per_call_us(reward.precheck_candidate, candidates), "candidates": len(candidates),
-            "tree_check_us": per_call_us(reward.precheck_tree, trees), "trees": len(trees)}
+            "candidate_check_us": per_call_us(precheck.precheck_candidate, candidates), "candidates": len(candidates),
+            "tree_check_us": per_call_us(precheck.precheck_tree, trees), "trees": len(trees)}
 
 
 def measure_size_check(repeats: int = 3) -> dict[str, Any]:
@@ -315,9 +315,9 @@ def measure_size_check(repeats: int = 3) -> dict[str, Any]:
     """
     forms = {"\\boxed{}": "The final answer is \\boxed{%s}.", "$...$": "So $%s$.", "\\[...\\]": "So \\[%s\\].",
              "\\(...\\)": "So \\(%s\\)."}
-    pool = reward.get_pool()
+    pool = workers.get_pool()
     pool.warm_up(1)
-    limits = (reward.PRECHECK_MAX_ANSWER_CHARS, reward.PRECHECK_MAX_GROUP_CHARS)
+    limits = (precheck.PRECHECK_MAX_ANSWER_CHARS, precheck.PRECHECK_MAX_GROUP_CHARS)
     report: dict[str, Any] = {}
     try:
         for depth in (4000, 990):
@@ -325,17 +325,17 @@ def measure_size_check(repeats: int = 3) -> dict[str, Any]:
                 response = THINK + form % nested_fraction(depth)
                 row = {}
                 for label, (answer_limit, group_limit) in (("with", limits), ("without", (math.inf, math.inf))):
-                    reward.PRECHECK_MAX_ANSWER_CHARS, reward.PRECHECK_MAX_GROUP_CHARS = answer_limit, group_limit
+                    precheck.PRECHECK_MAX_ANSWER_CHARS, precheck.PRECHECK_MAX_GROUP_CHARS = answer_limit, group_limit
                     times = []
                     for _ in range(repeats):
                         start = time.perf_counter()
-                        result = reward.compute_score("math", response, "2")
+                        result = grading.compute_score("math", response, "2")
                         times.append(time.perf_counter() - start)
                     row[f"{label}_ms"] = round(1e3 * statistics.median(times), 1)
                     row[f"{label}_error"] = result["error"][:60]
                 report[f"{len(nested_fraction(depth))} chars {name}"] = row
     finally:
-        reward.PRECHECK_MAX_ANSWER_CHARS, reward.PRECHECK_MAX_GROUP_CHARS = limits
+        precheck.PRECHECK_MAX_ANSWER_CHARS, precheck.PRECHECK_MAX_GROUP_CHARS = limits
     return report
 
 
@@ -345,7 +345,7 @@ def measure_legit(limit: int | None = None) -> dict[str, Any]:
     Items: every math ground truth boxed (as the self-check does) and the realistic responses built from them;
     the hand-written legitimate answers when the shared benchmark files are absent.
     """
-    from exgrpo.evaluate import boxed_response
+    from exgrpo.tools.evaluate import boxed_response
 
     golds = benchmark_golds()
     if golds:
@@ -354,18 +354,18 @@ def measure_legit(limit: int | None = None) -> dict[str, Any]:
         items = [("math", response, gold) for response, gold, _ in legitimate_cases()]
     if limit:
         items = items[:limit]
-    pool = reward.get_pool()
+    pool = workers.get_pool()
     pool.warm_up()
     report: dict[str, Any] = {"items": len(items)}
     scores = {}
-    for precheck in (True, False):
+    for checked in (True, False):
         times, results = [], []
         for source, response, gold in items:
             start = time.perf_counter()
-            results.append(reward.compute_score(source, response, gold, precheck=precheck))
+            results.append(grading.compute_score(source, response, gold, precheck=checked))
             times.append(time.perf_counter() - start)
         order = sorted(range(len(items)), key=times.__getitem__, reverse=True)
-        label = "on" if precheck else "off"
+        label = "on" if checked else "off"
         scores[label] = [r["score"] for r in results]
         correct = [i for i in order if results[i]["score"] == 1.0]
         report[label] = {
@@ -390,8 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="--legit: grade only the first N items")
     parser.add_argument("--repeats", type=int, default=3, help="adversarial suite: runs (median reported)")
     args = parser.parse_args(argv)
-    print(f"load average {os.getloadavg()[0]:.2f}, workers {reward.DEFAULT_WORKERS}, "
-          f"time limit {reward.DEFAULT_TIMEOUT_S:g} s", flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f}, workers {workers.DEFAULT_WORKERS}, "
+          f"time limit {workers.DEFAULT_TIMEOUT_S:g} s", flush=True)
     if args.overhead:
         print(json.dumps(measure_overhead(), indent=1))
     elif args.size:
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
               f"from {runs[0]['threads']} threads, {runs[0]['workers']} workers; "
               f"all zero: {all(r['all_zero'] for r in runs)}")
     print(f"load average {os.getloadavg()[0]:.2f}")
-    reward.shutdown()
+    workers.shutdown()
     return 0
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.cli import InputError
+from exgrpo.tools.rows import user_message  # noqa: F401 - the preprocessors import it from here
 
 # The system prompt of the authors' runs, byte-exact: real newlines after "<think>" and "</think>",
 # a literal backslash in "\boxed{}".
@@ -152,19 +153,6 @@ def is_math_record(record: Mapping[str, Any]) -> bool:
     """Whether a raw record is in a math-answer schema: a question and a final answer, and no options."""
     return (not is_multiple_choice_record(record) and any(key in record for key in MATH_QUESTION_FIELDS)
             and any(key in record for key in MATH_ANSWER_FIELDS))
-
-
-def user_message(prompt: Any, *, where: str) -> str:
-    """The last user turn of a chat-list prompt (verl rows), or the prompt itself when it is a plain string."""
-    if isinstance(prompt, str):
-        return prompt
-    if hasattr(prompt, "tolist"):
-        prompt = prompt.tolist()
-    if isinstance(prompt, (list, tuple)):
-        users = [turn.get("content") for turn in prompt if isinstance(turn, Mapping) and turn.get("role") == "user"]
-        if users and isinstance(users[-1], str):
-            return users[-1]
-    raise ValueError(f"{where}: 'prompt' has no user turn (got {type(prompt).__name__})")
 
 
 def system_message(prompt: Any) -> str | None:

@@ -48,7 +48,7 @@ from data_preprocess.common import (
 )
 from exgrpo import cli
 from exgrpo.cli import InputError
-from exgrpo.reward import is_multiple_choice
+from exgrpo.verifier import is_multiple_choice
 
 
 class Benchmark(NamedTuple):

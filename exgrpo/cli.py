@@ -1,6 +1,6 @@
 """One line, not a traceback, when a command is given bad input.
 
-Every command a user types (``python -m exgrpo.runner``, ``exgrpo.evaluate``, ``exgrpo.inspect_pool``,
+Every command a user types (``python -m exgrpo.embedded.runner``, ``exgrpo.tools.evaluate``, ``exgrpo.inspect_pool``,
 ``data_preprocess/*.py``) goes through :func:`run`. A wrong path, a file with the wrong columns or a config value out
 of range is the user's to fix, and a 20-line traceback buries the one line that says what to fix; a bug is the
 developer's, and for it the traceback is the point. So the errors the project raises for bad input (``InputError``,

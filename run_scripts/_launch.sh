@@ -76,6 +76,9 @@ exgrpo_check_context() {
 # then fail, or train on nothing).
 exgrpo_check_rows() {
   local rows
+  # python3 is the interpreter that will run verl (the exec below): without pyarrow it cannot read data either
+  python3 -c 'import pyarrow.parquet' 2>/dev/null ||
+    exgrpo_fail "$(command -v python3) cannot import pyarrow: activate the environment verl is installed in"
   rows="$(python3 -c 'import sys, pyarrow.parquet as pq; print(pq.ParquetFile(sys.argv[1]).metadata.num_rows)' \
     "$1" 2>/dev/null)" || exgrpo_fail "$2 $1 is not a readable parquet file"
   [ "$rows" -gt 0 ] || exgrpo_fail "$2 $1 has no rows"
@@ -131,7 +134,7 @@ EXGRPO_CPU_PROFILE=(
 )
 
 # CPU_PRESET=learn (CPU only): one experiment, two engines. The twin at the settings of the runner's
-# exgrpo/configs/cpu_twin.yaml, so the same run goes through verl + vLLM + FSDP2 here and through the runner's own
+# exgrpo/embedded/configs/cpu_twin.yaml, so the same run goes through verl + vLLM + FSDP2 here and through the runner's own
 # loop there (benchmarks/README.md, "The recipe learns as the runner does"; benchmarks/two_engines.py runs both).
 # These change the experiment, not only its size, which is why they are a preset you ask for and not the CPU
 # profile: at the profile's 8 questions with two optimizer steps of 4, the policy moves by noise as much as by
@@ -205,8 +208,8 @@ exgrpo_cpu_assets() {
   [ "$need_model$need_data" != 00 ] || return 0
   [ "$need_model" = 1 ] || args+=(--data-only)
   [ "$template" = model ] || args+=(--chat-template "$template")
-  assets="$(cd "$EXGRPO_REPO" && python -m exgrpo.cpu_verl_assets "${args[@]}")" ||
-    exgrpo_fail "building the CPU task and tiny model failed (python -m exgrpo.cpu_verl_assets ${args[*]})"
+  assets="$(cd "$EXGRPO_REPO" && python -m exgrpo.embedded.twin_assets "${args[@]}")" ||
+    exgrpo_fail "building the CPU task and tiny model failed (python -m exgrpo.embedded.twin_assets ${args[*]})"
   local ASSET_MODEL_PATH="" ASSET_TRAIN_FILE="" ASSET_VAL_FILE="" ASSET_MAX_PROMPT_LENGTH="" ASSET_MAX_RESPONSE_LENGTH=""
   eval "$(printf '%s\n' "$assets" | sed 's/^/ASSET_/')"
   if [ "$need_model" = 1 ]; then

@@ -29,4 +29,4 @@ if ! python -m pip show -q exgrpo >/dev/null 2>&1; then
 fi
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" TOKENIZERS_PARALLELISM=false
-python -m exgrpo.runner --config exgrpo/configs/cpu_tiny.yaml "$@"
+python -m exgrpo.embedded.runner --config exgrpo/embedded/configs/cpu_tiny.yaml "$@"

@@ -48,18 +48,18 @@ done
 if ! python -c "import vllm" 2>/dev/null; then
   echo "error: vllm is not importable in this environment; generation needs a GPU machine with" \
        "'pip install -e .[gpu]'. To score existing generations on CPU run:" \
-       "python -m exgrpo.evaluate score --data $DATA_FILES --generations GENS.jsonl --out_dir $OUT_DIR" >&2
+       "python -m exgrpo.tools.evaluate score --data $DATA_FILES --generations GENS.jsonl --out_dir $OUT_DIR" >&2
   exit 3
 fi
 
 mkdir -p "$OUT_DIR"
-cd "$repo"  # python -m exgrpo.evaluate from the repository; every path above is absolute
+cd "$repo"  # python -m exgrpo.tools.evaluate from the repository; every path above is absolute
 GENS=()
 for f in $DATA_FILES; do
   name="$(basename "$f" .parquet)"
   gens="$OUT_DIR/generations_${name}.jsonl"
   echo "[eval] generating $f -> $gens"
-  python -m exgrpo.evaluate generate --model "$CKPT" --data "$f" --output "$gens" \
+  python -m exgrpo.tools.evaluate generate --model "$CKPT" --data "$f" --output "$gens" \
     --temperature "$TEMPERATURE" --top_p "$TOP_P" --max_tokens "$MAX_TOKENS" \
     --tensor_parallel_size "$TP" --seed "$SEED"
   GENS+=("$gens")
@@ -67,6 +67,6 @@ done
 
 echo "[eval] scoring on CPU"
 # shellcheck disable=SC2086
-python -m exgrpo.evaluate score --data $DATA_FILES --generations "${GENS[@]}" --out_dir "$OUT_DIR" \
+python -m exgrpo.tools.evaluate score --data $DATA_FILES --generations "${GENS[@]}" --out_dir "$OUT_DIR" \
   --workers "$SCORE_WORKERS"
 echo "[eval] tables: $OUT_DIR/results.md $OUT_DIR/results.json"

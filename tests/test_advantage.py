@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exgrpo.advantage import grpo_advantages
+from exgrpo.algorithm.advantage import grpo_advantages
 
 
 def test_replayed_success_in_a_failed_group():

@@ -1,6 +1,6 @@
 import pytest
 
-from exgrpo.config import ExGRPOConfig
+from exgrpo.algorithm.config import ExGRPOConfig
 
 
 @pytest.mark.parametrize(

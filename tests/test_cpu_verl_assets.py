@@ -6,9 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from data_preprocess.synthetic import build_splits
-from exgrpo import cpu_verl_assets as assets
-from exgrpo import tiny_model as tm
+from exgrpo.embedded import tiny_model as tm
+from exgrpo.embedded import twin_assets as assets
+from exgrpo.embedded.task import build_splits
 
 
 def levels(frame: pd.DataFrame) -> list[int]:
@@ -67,7 +67,7 @@ def test_balanced_validation_refuses_a_question_it_cannot_read():
 
 def test_runner_reads_the_twins_files_as_the_prompts_the_twins_model_was_warm_started_on(tmp_path):
     """The runner's cpu_twin.yaml must find the twin's cached model: same prompt texts, so the same cache key."""
-    from exgrpo.runner import load_questions
+    from exgrpo.embedded.runner import load_questions
 
     out = assets.build(tmp_path, data_only=True, progress=False)
     tokenizer = tm.build_tokenizer(vllm_compatible=True)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exgrpo import evaluate
-from exgrpo.evaluate import markdown_table, questions_by_qid, resolve, summarize
+from exgrpo.tools import evaluate
+from exgrpo.tools.evaluate import markdown_table, questions_by_qid, resolve, summarize
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "data"
@@ -117,7 +117,7 @@ def test_eval_script_guards(tmp_path):
     run = subprocess.run(["bash", str(script), str(tmp_path / "ckpt"), str(tmp_path / "out")], capture_output=True,
                          text=True, env={**env, "DATA_FILES": str(data)})
     # without vllm it stops before generating and points at the CPU scoring command
-    assert run.returncode == 3 and "vllm is not importable" in run.stderr and "exgrpo.evaluate score" in run.stderr
+    assert run.returncode == 3 and "vllm is not importable" in run.stderr and "exgrpo.tools.evaluate score" in run.stderr
     assert not (tmp_path / "out").exists()
     # Relative paths are the caller's, as for the training scripts: the scoring command it prints names them
     # absolute, under the directory the script was run from (not the repository).
@@ -129,7 +129,7 @@ def test_eval_script_guards(tmp_path):
 
 # ----------------------------------------------------------------------------------------------- bad input, as typed
 def _evaluate(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "exgrpo.evaluate", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "exgrpo.tools.evaluate", *args], capture_output=True, text=True,
                           cwd=REPO, env={**os.environ, "EXGRPO_DEBUG": ""})
 
 
@@ -142,7 +142,7 @@ def test_selfcheck_on_a_zero_row_file_fails_instead_of_passing(tmp_path):
     for path in (no_columns, with_columns):
         result = _evaluate("selfcheck", "--data", str(path))
         assert (result.returncode, result.stdout) == (2, "")
-        assert result.stderr == (f"exgrpo.evaluate: error: data file {path} has no rows: nothing to grade (rebuild it "
+        assert result.stderr == (f"exgrpo.tools.evaluate: error: data file {path} has no rows: nothing to grade (rebuild it "
                                  "with data_preprocess/)\n")
     assert evaluate.self_check([])["pass_rate"] == 0.0
 
@@ -154,7 +154,7 @@ def test_missing_or_foreign_files_are_one_line_before_any_grading(tmp_path, caps
 
     missing = tmp_path / "absent.parquet"
     result = _evaluate("selfcheck", "--data", str(missing))
-    assert (result.returncode, result.stderr) == (2, f"exgrpo.evaluate: error: data file {missing} does not exist "
+    assert (result.returncode, result.stderr) == (2, f"exgrpo.tools.evaluate: error: data file {missing} does not exist "
                                                      "(check the path)\n")
     monkeypatch.delenv("EXGRPO_DEBUG", raising=False)
     monkeypatch.setattr(evaluate, "self_check", lambda *a, **k: pytest.fail("graded before every file was checked"))
@@ -171,11 +171,11 @@ def test_missing_or_foreign_files_are_one_line_before_any_grading(tmp_path, caps
              (["score", "--generations", str(tmp_path / "g.jsonl"), "--out_dir", str(tmp_path / "out")],
               f"generations file {tmp_path / 'g.jsonl'} does not exist (check the path)")]
     for argv, line in cases:
-        assert cli.run(evaluate.main, argv, prog="exgrpo.evaluate") == 2
-        assert capsys.readouterr().err.startswith(f"exgrpo.evaluate: error: {line}")
+        assert cli.run(evaluate.main, argv, prog="exgrpo.tools.evaluate") == 2
+        assert capsys.readouterr().err.startswith(f"exgrpo.tools.evaluate: error: {line}")
     (tmp_path / "g.jsonl").write_text("\n")
-    assert cli.run(evaluate.main, cases[-1][0], prog="exgrpo.evaluate") == 2
-    assert capsys.readouterr().err == f"exgrpo.evaluate: error: generations file {tmp_path / 'g.jsonl'} has no lines: " \
+    assert cli.run(evaluate.main, cases[-1][0], prog="exgrpo.tools.evaluate") == 2
+    assert capsys.readouterr().err == f"exgrpo.tools.evaluate: error: generations file {tmp_path / 'g.jsonl'} has no lines: " \
                                       "nothing to score\n"
     assert not (tmp_path / "out").exists()
 
@@ -188,5 +188,5 @@ def test_a_ground_truth_that_is_not_a_string_or_number_is_named_before_grading(t
     pd.DataFrame({"data_source": ["math", "math"], "prompt": [prompt, prompt],
                   "reward_model": [{"ground_truth": {"value": "2"}}, {"ground_truth": {"value": "3"}}]}).to_parquet(path)
     result = _evaluate("selfcheck", "--data", str(path))
-    assert (result.returncode, result.stderr) == (2, f"exgrpo.evaluate: error: data file {path} row 0: "
+    assert (result.returncode, result.stderr) == (2, f"exgrpo.tools.evaluate: error: data file {path} row 0: "
                                                      "reward_model.ground_truth is a dict, not a string or number\n")

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exgrpo import reward
-from exgrpo.graded_reward import closeness, compute_score, digit_share, parse_integer
+from exgrpo.verifier import grading, workers
+from exgrpo.verifier.graded import closeness, compute_score, digit_share, parse_integer
 
-PATH = Path(__file__).resolve().parents[1] / "exgrpo" / "graded_reward.py"
+PATH = Path(__file__).resolve().parents[1] / "exgrpo" / "verifier" / "graded.py"
 SRC = "synthetic_arith"
 
 
@@ -70,10 +70,10 @@ def test_the_last_box_of_the_answer_section_is_graded():
 
 def test_result_has_the_verifiers_keys_and_acc_only_for_the_exact_answer():
     exact, near = compute_score(SRC, "\\boxed{81}", "81"), compute_score(SRC, "\\boxed{80}", "81")
-    assert tuple(exact) == tuple(near) == reward.RESULT_KEYS
+    assert tuple(exact) == tuple(near) == workers.RESULT_KEYS
     assert exact["acc"] is True and near["acc"] is False and near["pred"] == "80" and near["error"] == ""
     none = compute_score(SRC, "no answer", "81")
-    assert none["score"] == 0.0 and none["error"] == "no \\boxed{} answer" and tuple(none) == reward.RESULT_KEYS
+    assert none["score"] == 0.0 and none["error"] == "no \\boxed{} answer" and tuple(none) == workers.RESULT_KEYS
 
 
 def test_ground_truth_in_the_shapes_verl_hands_over():
@@ -87,10 +87,10 @@ def test_ground_truth_in_the_shapes_verl_hands_over():
 
 
 def test_other_data_sources_go_to_the_binary_verifier():
-    # multiple choice is graded in-process by exgrpo.reward: no worker process needed for this test
+    # multiple choice is graded in-process by exgrpo.verifier: no worker process needed for this test
     for response, expected in (("\\boxed{B}", 1.0), ("\\boxed{C}", 0.0)):
         out = compute_score("mmlu", response, "B")
-        assert out == reward.compute_score("mmlu", response, "B") and out["score"] == expected
+        assert out == grading.compute_score("mmlu", response, "B") and out["score"] == expected
 
 
 def test_helpers():
@@ -136,15 +136,17 @@ def test_loads_by_file_path_as_verl_does():
 
 
 def test_loads_by_file_path_without_the_package_installed(tmp_path):
-    # -S: no site-packages, so no editable install of exgrpo; the file then finds reward.py beside itself
-    code = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('m', sys.argv[1]); "
+    # -S: no site-packages, so no editable install of exgrpo; the file then finds its package in the checkout
+    code = ("import importlib.util, sys; assert importlib.util.find_spec('exgrpo') is None; "
+            "s = importlib.util.spec_from_file_location('m', sys.argv[1]); "
             "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
-            "assert 'exgrpo' not in sys.modules; "
+            "print(sys.modules['exgrpo'].__file__, file=sys.stderr); "
             "print(m.compute_score('synthetic_arith', '\\\\boxed{71}', '81')['score'])")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([sys.executable, "-S", "-c", code, str(PATH)], cwd=tmp_path, capture_output=True, text=True,
                          timeout=60, env=env)
     assert out.returncode == 0, out.stderr
+    assert out.stderr.strip() == str(PATH.parents[1] / "__init__.py")
     assert float(out.stdout) == pytest.approx(0.1 + 0.4 * 71 / 81 + 0.2)
 
 

@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from exgrpo.config import ExGRPOConfig
-from exgrpo.inspect_pool import inspect, load_questions, main, replay_probabilities
-from exgrpo.pool import ExperiencePool
-from exgrpo.tiny_model import build_tokenizer
+from exgrpo.algorithm.config import ExGRPOConfig
+from exgrpo.algorithm.pool import ExperiencePool
+from exgrpo.embedded.tiny_model import build_tokenizer
+from exgrpo.tools.inspect_pool import inspect, load_questions, main, replay_probabilities
 
 # (qid, rewards of K = 4 fresh rollouts, correct responses as text, step); q_e retires, q_f never enters.
 UPDATES = [
@@ -226,9 +226,9 @@ SMOKE = [
 
 
 def test_cpu_runner_saves_its_pool_and_the_inspector_reads_it(tmp_path):
-    from exgrpo.runner import load_config, train
+    from exgrpo.embedded.runner import load_config, train
 
-    config = Path(__file__).resolve().parents[1] / "exgrpo" / "configs" / "cpu_tiny.yaml"
+    config = Path(__file__).resolve().parents[1] / "exgrpo" / "embedded" / "configs" / "cpu_tiny.yaml"
     cfg = load_config(config, SMOKE + [f"data.train_file={tmp_path}/train.parquet",
                                        f"data.test_file={tmp_path}/test.parquet",
                                        f"trainer.model_cache={tmp_path}/models", f"trainer.output_dir={tmp_path}/run"])

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exgrpo.objective import LOSS_AGG_MODES, aggregate_loss, exgrpo_policy_loss, shaped_weight
+from exgrpo.algorithm.objective import LOSS_AGG_MODES, aggregate_loss, exgrpo_policy_loss, shaped_weight
 
 BETA = 0.1
 
@@ -183,7 +183,7 @@ def test_equals_verl_vanilla_loss_when_nothing_is_replayed(seed, mode, clip):
 
 
 def test_replay_sums_of_parts_give_the_whole_batchs_means():
-    from exgrpo.objective import REPLAY_MEAN_KEYS, REPLAY_SUM_KEYS, replay_means
+    from exgrpo.algorithm.objective import REPLAY_MEAN_KEYS, REPLAY_SUM_KEYS, replay_means
 
     gen = torch.Generator().manual_seed(0)
     log_prob, old, past, adv = (torch.randn(6, 5, generator=gen) for _ in range(4))

@@ -8,9 +8,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from exgrpo.config import ExGRPOConfig
-from exgrpo.pool import ExperiencePool
-from exgrpo.sampling import bucket_probabilities
+from exgrpo.algorithm.config import ExGRPOConfig
+from exgrpo.algorithm.pool import ExperiencePool
+from exgrpo.algorithm.sampling import bucket_probabilities
 
 K = 8
 
@@ -125,7 +125,7 @@ def test_collect_leaves_out_a_trajectory_with_a_non_finite_log_prob_and_counts_i
     rewards, responses, log_probs = group([1, 1, 0, 0])
     log_probs[0] = [-0.5, float("nan"), -0.5, -0.5]
     log_probs[2] = [-0.5, float("-inf"), -0.5, -0.5]  # a failure: left out too, like a lost session
-    with caplog.at_level("WARNING", logger="exgrpo.pool"):
+    with caplog.at_level("WARNING", logger="exgrpo.algorithm.pool"):
         result = pool.collect("q", rewards, responses, log_probs, step=2)
     assert result.outcome == "stored" and result.dropped_trajectories == 2 and not result.invalid_reward
     assert pool.accuracy("q") == 0.5  # 1 of the 2 rollouts left
@@ -147,7 +147,7 @@ def test_collect_leaves_out_a_trajectory_with_a_non_finite_log_prob_and_counts_i
 )
 def test_collect_skips_a_question_whose_rewards_cannot_be_read_and_counts_it(caplog, reward_type, rewards, reason):
     pool = ExperiencePool(ExGRPOConfig(n_rollouts=4, reward_type=reward_type))
-    with caplog.at_level("WARNING", logger="exgrpo.pool"):
+    with caplog.at_level("WARNING", logger="exgrpo.algorithm.pool"):
         result = pool.collect("q", *group(rewards), step=5)
     assert result.outcome == "skipped" and result.invalid_reward and result.dropped_trajectories == 0
     assert "q" not in pool and pool.stats()["pool/skipped_invalid_reward"] == 1
@@ -573,13 +573,13 @@ def test_remove_stale_temporaries_removes_what_a_killed_save_left_and_nothing_el
     import subprocess
     import sys
 
-    from exgrpo.pool import remove_stale_temporaries
+    from exgrpo.algorithm.pool import remove_stale_temporaries
 
     folder = tmp_path / "global_step_4"
     path = folder / "exgrpo_pool.npz"
     _small_pool().save(path)
     # A hard kill between writing and renaming: the process dies without running any cleanup.
-    killed = ("import os, sys\nfrom exgrpo.config import ExGRPOConfig\nfrom exgrpo.pool import ExperiencePool\n"
+    killed = ("import os, sys\nfrom exgrpo.algorithm.config import ExGRPOConfig\nfrom exgrpo.algorithm.pool import ExperiencePool\n"
               "os.replace = lambda src, dst: os._exit(9)\n"
               "ExperiencePool(ExGRPOConfig(n_rollouts=4)).save(sys.argv[1])\n")
     result = subprocess.run([sys.executable, "-c", killed, str(path)], cwd=Path(__file__).resolve().parents[1])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exgrpo import reward
-from exgrpo.reward import RESULT_KEYS, answer_section, compute_score, extract_choice, is_multiple_choice
+from exgrpo.verifier import grading, precheck, workers
+from exgrpo.verifier.grading import answer_section, compute_score, extract_choice, is_multiple_choice
+from exgrpo.verifier.workers import RESULT_KEYS
 
 LIMIT_S = 1.0
 # Hang guard for calls that must stop at LIMIT_S: generous, so a loaded CI machine never trips it, but far
@@ -202,7 +206,7 @@ def test_adversarial_answer_scores_zero_within_limit(name):
 
 def test_timeout_is_reported_and_worker_replaced():
     # the pre-check rejects the tower in milliseconds; switched off, the time limit is what stops it
-    pool = reward.get_pool()
+    pool = workers.get_pool()
     restarts = pool.restarts
     result = compute_score("math", ADVERSARIAL["tower of exponents"], "2", timeout_s=LIMIT_S, precheck=False)
     assert result["timeout"] is True and result["score"] == 0.0
@@ -211,7 +215,7 @@ def test_timeout_is_reported_and_worker_replaced():
 
 
 def test_dead_worker_is_replaced_transparently():
-    pool = reward.get_pool()
+    pool = workers.get_pool()
     assert math_score("\\boxed{1}", "1") == 1.0  # at least one live idle worker
     with pool._cond:
         victims = list(pool._idle)
@@ -239,7 +243,7 @@ def test_threads_and_asyncio_agree_with_one_thread():
         futures = [loop.run_in_executor(None, compute_score, *case) for case in CONCURRENT_CASES]
         via_executor = [r["score"] for r in await asyncio.gather(*futures)]
         via_coroutine = [r["score"] for r in await asyncio.gather(
-            *(reward.compute_score_async(*case) for case in CONCURRENT_CASES))]
+            *(grading.compute_score_async(*case) for case in CONCURRENT_CASES))]
         in_loop_thread = [compute_score(*case)["score"] for case in CONCURRENT_CASES[:3]]
         return via_executor, via_coroutine, in_loop_thread
 
@@ -267,12 +271,31 @@ def _load_by_path(path: Path, module_name: str):
     return module
 
 
+def test_loads_by_file_path_where_the_package_is_not_importable(tmp_path):
+    """A checkout used without installing it: the file at verl's path finds the package next to it."""
+    code = (
+        "import importlib.util, sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+        "sys.path[:] = [p for p in sys.path if p and not p.startswith(sys.argv[2])]\n"
+        "assert importlib.util.find_spec('exgrpo') is None, 'the package is still importable'\n"
+        "spec = importlib.util.spec_from_file_location('custom_module', sys.argv[1])\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "print(module.compute_score('math', '<think></think>\\\\boxed{\\\\sqrt{4}}', '2')['score'])\n"
+    )
+    repo = Path(reward.__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", code, str(repo / "exgrpo" / "reward.py"), str(repo)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "1.0"
+
+
 def test_loads_by_file_path_outside_the_package():
-    """verl loads custom reward files by path, outside the package: the file must be self-contained."""
+    """verl loads custom reward files by path, under another module name: the file must find its package."""
     module = _load_by_path(Path(reward.__file__), "custom_module_test_reward")
     assert module.compute_score("math", "<think></think>\\boxed{\\sqrt{4}}", "2")["score"] == 1.0
     assert module.compute_score("gpqa", "ANSWER: D", "D")["score"] == 1.0
-    module.shutdown()
 
 
 @pytest.mark.slow
@@ -286,7 +309,7 @@ def test_loads_through_verl_loader():
 
 def test_pool_rejects_nonpositive_size():
     with pytest.raises(ValueError, match="max_workers"):
-        reward.VerifierPool(0)
+        workers.VerifierPool(0)
 
 
 def test_worker_pipes_above_descriptor_1024():
@@ -299,7 +322,7 @@ def test_worker_pipes_above_descriptor_1024():
             pytest.skip(f"file descriptor limit {hard} too low")
         resource.setrlimit(resource.RLIMIT_NOFILE, (1300, hard))
     fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
-    pool = reward.VerifierPool(1)
+    pool = workers.VerifierPool(1)
     try:
         result = pool.grade("\\frac{1}{2}", "</think>\\boxed{0.5}", timeout_s=30, queue_timeout_s=60)
         assert pool._idle[0].proc.stdout.fileno() >= 1024
@@ -312,9 +335,9 @@ def test_worker_pipes_above_descriptor_1024():
 
 
 def test_worker_killed_while_starting_is_replaced_transparently():
-    pool = reward.VerifierPool(1)
+    pool = workers.VerifierPool(1)
     try:
-        worker = reward._Worker()
+        worker = workers._Worker()
         os.kill(worker.proc.pid, signal.SIGKILL)
         worker.proc.wait(timeout=10)
         with pool._cond:  # an idle worker that never reported ready: killed before math-verify was imported
@@ -327,8 +350,8 @@ def test_worker_killed_while_starting_is_replaced_transparently():
 
 def test_worker_that_cannot_start_gives_a_zero_not_a_hang(monkeypatch):
     # a worker that exits before reporting ready (say math-verify is missing in the worker's environment)
-    monkeypatch.setattr(reward, "_WORKER_BOOT", "import sys; sys.exit(3)")
-    pool = reward.VerifierPool(1)
+    monkeypatch.setattr(workers, "_WORKER_BOOT", "import sys; sys.exit(3)")
+    pool = workers.VerifierPool(1)
     try:
         result = pool.grade("1", "\\boxed{1}", timeout_s=LIMIT_S, queue_timeout_s=60)
     finally:
@@ -337,7 +360,7 @@ def test_worker_that_cannot_start_gives_a_zero_not_a_hang(monkeypatch):
 
 
 def test_worker_recycled_after_max_calls():
-    pool = reward.VerifierPool(1, max_calls_per_worker=2)
+    pool = workers.VerifierPool(1, max_calls_per_worker=2)
     try:
         scores, pids = [], []
         for k in range(5):
@@ -355,13 +378,13 @@ def test_worker_recycled_after_max_calls():
 @pytest.fixture
 def fresh_warnings(monkeypatch, caplog):
     """No source warned yet in this process, and the reward's warnings captured."""
-    monkeypatch.setattr(reward, "_WARNED_SOURCES", set())
-    caplog.set_level("WARNING", logger="exgrpo.reward")
+    monkeypatch.setattr(grading, "_WARNED_SOURCES", set())
+    caplog.set_level("WARNING", logger="exgrpo.verifier")
     return caplog
 
 
 def _source_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "exgrpo.reward" and r.levelname == "WARNING"]
+    return [r.getMessage() for r in caplog.records if r.name == "exgrpo.verifier" and r.levelname == "WARNING"]
 
 
 def test_unknown_or_missing_data_source_is_graded_as_math_with_one_warning_per_source(fresh_warnings):
@@ -371,16 +394,16 @@ def test_unknown_or_missing_data_source_is_graded_as_math_with_one_warning_per_s
         assert compute_score(source, "<think></think>\\boxed{2}", "2")["score"] == 1.0
     assert compute_score("MY-MATH", "<think></think>\\boxed{3}", "2")["score"] == 0.0  # same source, normalised
     assert compute_score("other", "<think></think>\\boxed{2}", "2")["score"] == 1.0
-    known = ", ".join(sorted(reward.KNOWN_MATH_SOURCES))
+    known = ", ".join(sorted(grading.KNOWN_MATH_SOURCES))
     tail = f" graded as math with math-verify (known math sources: {known}; multiple choice: names starting with " \
-           f"{', '.join(reward.MULTIPLE_CHOICE_PREFIXES)})"
-    assert _source_warnings(fresh_warnings) == [f"exgrpo.reward: unknown data_source 'my_math':{tail}",
-                                                f"exgrpo.reward: no data_source:{tail}",
-                                                f"exgrpo.reward: unknown data_source 'other':{tail}"]
+           f"{', '.join(grading.MULTIPLE_CHOICE_PREFIXES)})"
+    assert _source_warnings(fresh_warnings) == [f"exgrpo.verifier: unknown data_source 'my_math':{tail}",
+                                                f"exgrpo.verifier: no data_source:{tail}",
+                                                f"exgrpo.verifier: unknown data_source 'other':{tail}"]
 
 
 def test_known_sources_do_not_warn(fresh_warnings):
-    for source in sorted(reward.KNOWN_MATH_SOURCES):
+    for source in sorted(grading.KNOWN_MATH_SOURCES):
         assert compute_score(source, "<think></think>\\boxed{2}", "2")["score"] == 1.0
     for source in ("arc_c", "gpqa", "mmlu_pro"):
         assert compute_score(source, "<think></think>\\boxed{B}", "B")["score"] == 1.0
@@ -390,19 +413,20 @@ def test_known_sources_do_not_warn(fresh_warnings):
 def test_every_math_source_the_preprocessors_write_is_known(shared_benchmarks):
     import pandas as pd
 
-    from data_preprocess import math_benchmarks, openr1, synthetic
+    from data_preprocess import math_benchmarks, openr1
+    from exgrpo.embedded import task as synthetic
 
     written = {spec.data_source for spec in math_benchmarks.BENCHMARKS.values()}
     written |= {openr1.DEFAULT_DATA_SOURCE, synthetic.DATA_SOURCE}
     for name in ("math_test.parquet", "math_valid.parquet"):  # the authors' processed files keep their sources
         written |= set(pd.read_parquet(shared_benchmarks / name, columns=["data_source"])["data_source"])
-    assert written <= reward.KNOWN_MATH_SOURCES
+    assert written <= grading.KNOWN_MATH_SOURCES
 
 
 @pytest.mark.parametrize(("gold", "kind"), [({"answer": "2"}, "dict"), (["2", "3"], "list"), (True, "bool"),
                                             ({2}, "set"), (b"2", "bytes")])
 def test_a_ground_truth_that_is_neither_a_string_nor_a_number_scores_zero_naming_its_type(gold, kind, monkeypatch):
-    monkeypatch.setattr(reward, "get_pool", lambda: pytest.fail("sent to a worker"))
+    monkeypatch.setattr(grading, "get_pool", lambda: pytest.fail("sent to a worker"))
     for source in ("math", "gpqa"):
         result = compute_score(source, "<think></think>\\boxed{2}", gold)
         assert result == {"score": 0.0, "acc": False, "pred": "", "timeout": False,
@@ -433,21 +457,21 @@ def _nested_fraction(depth: int) -> str:
     ("<think></think>" + "We check the cases. " * 5001 + "\\boxed{2}", "answer section of 100029 characters"),
 ])
 def test_an_answer_too_large_to_extract_is_rejected_before_any_worker_sees_it(response, reason, monkeypatch):
-    monkeypatch.setattr(reward, "get_pool", lambda: pytest.fail("sent to a worker"))
-    limit = reward.PRECHECK_MAX_ANSWER_CHARS if "section" in reason else reward.PRECHECK_MAX_GROUP_CHARS
+    monkeypatch.setattr(grading, "get_pool", lambda: pytest.fail("sent to a worker"))
+    limit = precheck.PRECHECK_MAX_ANSWER_CHARS if "section" in reason else precheck.PRECHECK_MAX_GROUP_CHARS
     result = compute_score("math", response, "2")
     assert result["score"] == 0.0 and result["error"] == f"pre-check: {reason} (limit {limit})"
 
 
 def test_size_limits_sit_at_their_values_and_count_groups_as_math_verify_extracts_them():
-    text, limit = reward.precheck_text, reward.PRECHECK_MAX_GROUP_CHARS
+    text, limit = precheck.precheck_text, precheck.PRECHECK_MAX_GROUP_CHARS
     filler = "x" * (limit - 10)  # 10 characters of \frac{1}{}
     for opener, closer in (("\\boxed{", "}"), ("$", "$"), ("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), (" [", "] ")):
         assert text(f"a {opener}\\frac{{1}}{{{filler}}}{closer} b") is None, opener
         assert text(f"a {opener}\\frac{{1}}{{{filler}x}}{closer} b").endswith(f"of {limit + 1} characters (limit "
                                                                               f"{limit})"), opener
-    assert text("y" * reward.PRECHECK_MAX_ANSWER_CHARS) is None
-    assert text("y" * (reward.PRECHECK_MAX_ANSWER_CHARS + 1)).startswith("answer section of 100001 characters")
+    assert text("y" * precheck.PRECHECK_MAX_ANSWER_CHARS) is None
+    assert text("y" * (precheck.PRECHECK_MAX_ANSWER_CHARS + 1)).startswith("answer section of 100001 characters")
     # inline math ends at a line break; display math does not
     assert text("$" + "\n".join(["x" * 100] * 200) + "$") is None
     assert text("$$" + "\n".join(["x" * 100] * 200) + "$$").startswith("$$...$$ group of 20199 characters")

@@ -18,8 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from latex2sympy2_extended.latex2sympy2 import latex2sympy
 
-from exgrpo import reward
-from exgrpo.reward import RESULT_KEYS, compute_score, precheck_candidate, precheck_text, precheck_tree
+from exgrpo.verifier import grading, precheck
+from exgrpo.verifier.grading import compute_score
+from exgrpo.verifier.precheck import precheck_candidate, precheck_text, precheck_tree
+from exgrpo.verifier.workers import RESULT_KEYS
 
 PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "verifier_adversarial.py"
 spec = importlib.util.spec_from_file_location("verifier_adversarial", PATH)
@@ -181,7 +183,7 @@ def test_tree_check_that_fails_lets_the_answer_through(monkeypatch):
     def broken(self, node, depth, env):
         raise ValueError("a sympy object the walk does not expect")
 
-    monkeypatch.setattr(reward._TreeCost, "visit", broken)
+    monkeypatch.setattr(precheck._TreeCost, "visit", broken)
     assert precheck_tree(tree("2^{10}")) is None
 
 
@@ -190,21 +192,21 @@ def test_hook_checks_only_while_on_and_installs_once():
     calls = []
     module = SimpleNamespace(parse_latex_cached=lambda s: calls.append(s) or tree(s),
                              parse_expr_cached=lambda s: sympy.sympify(s, evaluate=False))
-    assert reward._install_precheck(module) and reward._install_precheck(module)
+    assert precheck.install_precheck(module) and precheck.install_precheck(module)
     assert module.parse_latex_cached("9^{9^{9}}") == tree("9^{9^{9}}")  # off (ground truth): no check
-    reward._PRECHECK_STATE["on"] = True
+    precheck.PRECHECK_STATE["on"] = True
     try:
         assert module.parse_latex_cached("2^{10}") == tree("2^{10}")
-        with pytest.raises(reward.PrecheckRejected, match="power with"):
+        with pytest.raises(precheck.PrecheckRejected, match="power with"):
             module.parse_latex_cached("9^{9^{9}}")
-        with pytest.raises(reward.PrecheckRejected, match="power with"):
+        with pytest.raises(precheck.PrecheckRejected, match="power with"):
             module.parse_expr_cached("9**9**9**9")
-        with pytest.raises(reward.PrecheckRejected, match="brackets nested"):
+        with pytest.raises(precheck.PrecheckRejected, match="brackets nested"):
             module.parse_latex_cached("(" * 20 + "1" + ")" * 20)
     finally:
-        reward._PRECHECK_STATE["on"] = False
+        precheck.PRECHECK_STATE["on"] = False
     assert calls == ["9^{9^{9}}", "2^{10}", "9^{9^{9}}"]  # the nesting was refused before conversion
-    assert not reward._install_precheck(SimpleNamespace(parse_latex_cached=len))
+    assert not precheck.install_precheck(SimpleNamespace(parse_latex_cached=len))
 
 
 def test_hook_matches_the_installed_math_verify():
@@ -220,26 +222,26 @@ def test_precheck_passes_every_benchmark_ground_truth_and_its_perturbation(share
     import math_verify.parser
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
-    from exgrpo.evaluate import boxed_response, perturb_answer
+    from exgrpo.tools.evaluate import boxed_response, perturb_answer
 
     for name in ("parse_latex_cached", "parse_expr_cached"):  # restored at teardown
         monkeypatch.setattr(math_verify.parser, name, getattr(math_verify.parser, name))
-    assert reward._install_precheck(math_verify.parser)
+    assert precheck.install_precheck(math_verify.parser)
     config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
     golds = bench.benchmark_golds()
     assert len(golds) > 1000
     rejected = []
     for data_source, gold in golds:
         for answer in (gold, perturb_answer(gold, data_source)):
-            text = reward.answer_section(boxed_response(answer))
+            text = grading.answer_section(boxed_response(answer))
             reason = precheck_text(text)
-            reward._PRECHECK_STATE["on"] = True
+            precheck.PRECHECK_STATE["on"] = True
             try:
                 parse(text, config, parsing_timeout=None)
-            except reward.PrecheckRejected as exc:
+            except precheck.PrecheckRejected as exc:
                 reason = str(exc)
             finally:
-                reward._PRECHECK_STATE["on"] = False
+                precheck.PRECHECK_STATE["on"] = False
             if reason:
                 rejected.append((data_source, answer, reason))
     assert rejected == []

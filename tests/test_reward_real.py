@@ -12,7 +12,7 @@ import hashlib
 import pandas as pd
 import pytest
 
-from exgrpo.evaluate import perturb_answer, self_check
+from exgrpo.tools.evaluate import perturb_answer, self_check
 
 # Ground truths where math-verify accepts the perturbed answer too (found by the full check; correct answers
 # all score 1). Each is a math-verify parse of the *gold* that loses information:

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exgrpo.config import ExGRPOConfig
-from exgrpo.pool import ExperiencePool
-from exgrpo.runner import (
+from exgrpo.algorithm.config import ExGRPOConfig
+from exgrpo.algorithm.pool import ExperiencePool
+from exgrpo.embedded.runner import (
     FreshStream,
     Question,
     compose_batch,
@@ -26,7 +26,7 @@ from exgrpo.runner import (
     train,
 )
 
-CONFIG = Path(__file__).resolve().parents[1] / "exgrpo" / "configs" / "cpu_tiny.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "exgrpo" / "embedded" / "configs" / "cpu_tiny.yaml"
 
 
 def _questions(n: int) -> list[Question]:
@@ -205,7 +205,7 @@ def test_authors_switches_skip_large_gradient_steps_and_retire_before_the_start(
 
 
 def _run_in_fresh_process(root: Path, out: str, cache: str) -> list[dict]:
-    """``python -m exgrpo.runner`` as a user starts it: a new interpreter, its own seeding and thread setup."""
+    """``python -m exgrpo.embedded.runner`` as a user starts it: a new interpreter, its own seeding and thread setup."""
     import os
     import subprocess
     import sys
@@ -214,7 +214,7 @@ def _run_in_fresh_process(root: Path, out: str, cache: str) -> list[dict]:
              f"trainer.model_cache={root}/{cache}", f"trainer.output_dir={root}/{out}", "trainer.plot=false",
              "exgrpo.start_acc=0.0"]
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    subprocess.run([sys.executable, "-m", "exgrpo.runner", "--config", str(CONFIG), *SMOKE, *paths], check=True,
+    subprocess.run([sys.executable, "-m", "exgrpo.embedded.runner", "--config", str(CONFIG), *SMOKE, *paths], check=True,
                    cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, timeout=600)
     rows = [json.loads(line) for line in (root / out / "metrics.jsonl").read_text().splitlines()]
     for row in rows:
@@ -258,9 +258,9 @@ def test_graded_reward_needs_continuous_reward_type():
 
 def test_continuous_run_latches_on_mean_reward_stores_graded_successes_replays_them_and_retires_only_at_max(
         smoke_root):
-    from exgrpo.graded_reward import compute_score
-    from exgrpo.inspect_pool import inspect
-    from exgrpo.tiny_model import build_tokenizer
+    from exgrpo.embedded.tiny_model import build_tokenizer
+    from exgrpo.tools.inspect_pool import inspect
+    from exgrpo.verifier.graded import compute_score
 
     # K = 2 and the longer warm start of the test above (same cached model): some groups are all exact, so some
     # questions retire within 4 steps.
@@ -331,7 +331,7 @@ def test_continuous_run_latches_on_mean_reward_stores_graded_successes_replays_t
 def test_plot_labels_the_difficulty_proxy_it_shows(tmp_path, monkeypatch, reward_type):
     import matplotlib.figure
 
-    from exgrpo.runner import plot
+    from exgrpo.embedded.runner import plot
 
     figures = []
     save = matplotlib.figure.Figure.savefig
@@ -372,12 +372,13 @@ def test_plot_labels_the_difficulty_proxy_it_shows(tmp_path, monkeypatch, reward
     (["--config", "absent.yaml"], "config file absent.yaml does not exist (check --config)"),
 ])
 def test_bad_config_is_one_line_and_exit_2_before_training(overrides, line, monkeypatch, capsys):
-    from exgrpo import cli, runner
+    from exgrpo import cli
+    from exgrpo.embedded import runner
 
     monkeypatch.delenv("EXGRPO_DEBUG", raising=False)
     monkeypatch.setattr(runner, "train", lambda cfg: pytest.fail("training started on a bad config"))
-    assert cli.run(runner.main, overrides, prog="exgrpo.runner") == 2
-    assert capsys.readouterr().err == f"exgrpo.runner: error: {line}\n"
+    assert cli.run(runner.main, overrides, prog="exgrpo.embedded.runner") == 2
+    assert capsys.readouterr().err == f"exgrpo.embedded.runner: error: {line}\n"
 
 
 def test_the_runner_command_prints_one_line_and_debug_the_traceback(tmp_path):
@@ -386,9 +387,9 @@ def test_the_runner_command_prints_one_line_and_debug_the_traceback(tmp_path):
     import sys
 
     env = {**os.environ, "EXGRPO_DEBUG": ""}
-    command = [sys.executable, "-m", "exgrpo.runner", "exgrpo.rho=2"]
+    command = [sys.executable, "-m", "exgrpo.embedded.runner", "exgrpo.rho=2"]
     plain = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
-    assert (plain.returncode, plain.stderr, plain.stdout) == (2, "exgrpo.runner: error: ExGRPOConfig.rho=2: must lie "
+    assert (plain.returncode, plain.stderr, plain.stdout) == (2, "exgrpo.embedded.runner: error: ExGRPOConfig.rho=2: must lie "
                                                                  "in [0, 1]\n", "")
     debug = subprocess.run([*command, "--debug"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr

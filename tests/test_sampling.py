@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exgrpo.sampling import allocate_counts, bucket_probabilities, draw_without_replacement
+from exgrpo.algorithm.sampling import allocate_counts, bucket_probabilities, draw_without_replacement
 
 
 def test_closed_form_k8_all_partial_buckets():

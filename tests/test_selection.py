@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exgrpo.selection import mean_token_entropy, select_lowest_entropy, token_entropy
+from exgrpo.algorithm.selection import mean_token_entropy, select_lowest_entropy, token_entropy
 
 
 def _pad(rows, width, side, fill):

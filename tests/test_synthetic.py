@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import pytest
 
-from data_preprocess import synthetic
+from exgrpo.embedded import task as synthetic
 
 QUESTION = re.compile(r"^Q:(\d+)([+-])(\d+)=$")
 

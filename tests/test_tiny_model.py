@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exgrpo import tiny_model as tm
+from exgrpo.embedded import tiny_model as tm
 
 SMALL = tm.TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, prompt_width=10,
                            max_response_tokens=20, warm_start_steps=3, warm_start_batch=8, seed=0)

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exgrpo.config import ExGRPOConfig
-from exgrpo.pool import ExperiencePool, write_atomically
+from exgrpo.algorithm.config import ExGRPOConfig
+from exgrpo.algorithm.pool import ExperiencePool, write_atomically
 
 QID_KEY = "qid"
 PENDING_STATE_VERSION = 1

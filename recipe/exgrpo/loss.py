@@ -2,10 +2,14 @@
 
 verl's registered policy losses only ever see seven fixed arguments (``workers/utils/losses.py``), so they
 cannot tell a replayed row from a fresh one. The engine's loss *function*, however, receives the whole
-micro-batch with every TransferQueue field; this function replaces ``ppo_loss`` there. It follows
-``ppo_loss`` line for line (global-batch normalisation, entropy bonus, KL loss, metric aggregation) and only
-swaps the policy-gradient term for :func:`exgrpo.objective.exgrpo_policy_loss`, which equals verl's vanilla
-loss when no row is replayed.
+micro-batch with every TransferQueue field; this function replaces ``ppo_loss`` there. What verl has a function
+for, verl computes: the fresh rows' clipped surrogate (``compute_policy_loss_vanilla`` on a fresh-only mask), every
+aggregation (``agg_loss``) and the KL penalty (``kl_penalty``). What must differ is ours: the replayed rows' term
+-A * f(w) (:func:`exgrpo.algorithm.objective.replay_token_loss`), the authors' unclipped fresh tokens, the authors'
+entropy aggregation, and the replay metrics. The global-batch bookkeeping follows ``ppo_loss`` line for line (it
+has no function of its own). Splitting the policy term by rows is exact: every aggregation mode is a sum over rows
+divided by global counts, which are the same for both parts (``tests/recipe/test_verl_drift.py`` names each verl
+piece this relies on).
 """
 
 from __future__ import annotations
@@ -14,19 +18,21 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict
-from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla, kl_penalty
 from verl.utils import tensordict_utils as tu
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.config import ActorConfig
 from verl.workers.utils.padding import no_padding_2_padding
 
-from exgrpo.objective import (
+from exgrpo.algorithm.objective import (
     REPLAY_MAX_KEY,
     REPLAY_MEAN_KEYS,
     REPLAY_SUM_KEYS,
     aggregate_loss,
-    exgrpo_policy_loss,
+    fresh_token_loss,
     replay_means,
+    replay_statistics,
+    replay_token_loss,
 )
 from recipe.exgrpo.records import IS_REPLAY_FIELD, PAST_LOG_PROBS_FIELD
 
@@ -170,28 +176,34 @@ def exgrpo_actor_loss(
         past = padded["old_log_probs"]
     clip_fresh = bool(tu.get_non_tensor_data(data=data, key=CLIP_FRESH_KEY, default=True))
 
-    clip_ratio_c = config.get("clip_ratio_c", 3.0)
     info = config.global_batch_info
-    pg_loss, raw_metrics = exgrpo_policy_loss(
-        log_prob=log_prob,
-        old_log_prob=padded["old_log_probs"],
-        past_log_prob=past.to(log_prob.dtype),
-        advantages=padded["advantages"],
-        response_mask=response_mask,
-        is_replay=is_replay.to(log_prob.device),
-        clip_ratio=config.clip_ratio,
-        clip_ratio_low=config.clip_ratio_low,
-        clip_ratio_high=config.clip_ratio_high,
-        clip_ratio_c=clip_ratio_c,
-        beta=beta,
-        shaping=shaping,
-        clip_fresh=clip_fresh,
-        loss_agg_mode=config.loss_agg_mode,
-        loss_scale_factor=info.get("loss_scale_factor"),
-        dp_size=info.get("dp_size", 1),
-        batch_num_tokens=info.get("batch_num_tokens"),
-        global_batch_size=info.get("global_batch_size"),
-    )
+    if data["dp_size"] == 1:  # verl's local normalisation, made explicit so that the two parts below share it
+        if info["batch_num_tokens"] is None:
+            info["batch_num_tokens"] = response_mask.sum()
+        if info["global_batch_size"] is None:
+            info["global_batch_size"] = (response_mask.sum(dim=-1) > 0).sum()
+    fresh_mask = response_mask & ~is_replay.to(response_mask.device).unsqueeze(-1)
+    replay_mask = response_mask & ~fresh_mask
+    if clip_fresh:  # verl's own clipped surrogate, on fresh tokens only
+        pg_loss, raw_metrics = compute_policy_loss_vanilla(
+            old_log_prob=padded["old_log_probs"], log_prob=log_prob, advantages=padded["advantages"],
+            response_mask=fresh_mask, loss_agg_mode=config.loss_agg_mode, config=config,
+        )
+    else:  # the authors' unclipped -A * ratio once replay has started
+        clip_ratio_low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
+        clip_ratio_high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
+        fresh_mat, raw_metrics = fresh_token_loss(
+            log_prob, padded["old_log_probs"], padded["advantages"], fresh_mask.to(log_prob.dtype),
+            clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high,
+            clip_ratio_c=config.get("clip_ratio_c", 3.0), clip=False,
+        )
+        pg_loss = agg_loss(loss_mat=fresh_mat, loss_mask=fresh_mask, loss_agg_mode=config.loss_agg_mode, **info)
+    if replay:
+        past = past.to(log_prob.dtype)
+        replay_mat = replay_token_loss(log_prob, past, padded["advantages"], beta=beta, shaping=shaping)
+        pg_loss = pg_loss + agg_loss(loss_mat=replay_mat, loss_mask=replay_mask, loss_agg_mode=config.loss_agg_mode,
+                                     **info)
+    raw_metrics = {**raw_metrics, **replay_statistics(log_prob, past, response_mask, replay_mask, beta)}
     # Same metric names as ppo_loss (the core mirrors verl's), plus the exgrpo/* replay statistics as sums and a
     # maximum; the trainer turns the reduced sums into means (finish_replay_metrics). A per-micro-batch mean
     # would be averaged over micro-batches, those without replayed tokens counting as 0.

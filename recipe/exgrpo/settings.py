@@ -1,6 +1,6 @@
 """Reading the ``exgrpo:`` yaml section and refusing verl settings that would silently break ExGRPO.
 
-The section mirrors :class:`exgrpo.config.ExGRPOConfig` plus a few keys that only the verl recipe needs
+The section mirrors :class:`exgrpo.algorithm.config.ExGRPOConfig` plus a few keys that only the verl recipe needs
 (resume policy, scoring budget). Everything is checked on the driver before any worker starts, so a typo or
 an incompatible verl option fails in seconds with the offending key named, not hours later on a GPU.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exgrpo.config import ExGRPOConfig
+from exgrpo.algorithm.config import ExGRPOConfig
 
 POOL_FILE_NAME = "exgrpo_pool.npz"
 PENDING_FILE_NAME = "exgrpo_pending_fresh.json"  # deferred fresh rows' question ids, beside the pool file

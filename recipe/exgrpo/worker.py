@@ -22,8 +22,8 @@ from verl.workers.config import ActorConfig
 from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import response_from_nested
 
-from exgrpo.config import ExGRPOConfig
-from exgrpo.selection import mean_token_entropy
+from exgrpo.algorithm.config import ExGRPOConfig
+from exgrpo.algorithm.selection import mean_token_entropy
 from recipe.exgrpo.loss import exgrpo_actor_loss
 from recipe.exgrpo.records import MEAN_ENTROPY_FIELD
 from recipe.exgrpo.settings import RECIPE_ONLY_KEYS, installs_exgrpo_loss, plain_section

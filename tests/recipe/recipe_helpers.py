@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
-from exgrpo.selection import token_entropy
+from exgrpo.algorithm.selection import token_entropy
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -9,8 +9,8 @@ pytest.importorskip("verl")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from exgrpo.config import ExGRPOConfig  # noqa: E402
-from exgrpo.pool import ExperiencePool  # noqa: E402
+from exgrpo.algorithm.config import ExGRPOConfig  # noqa: E402
+from exgrpo.algorithm.pool import ExperiencePool  # noqa: E402
 from recipe.exgrpo.composition import FreshSource, plan_step, question_id, rollout_counts  # noqa: E402
 
 K = 4

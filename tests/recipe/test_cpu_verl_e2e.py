@@ -107,7 +107,7 @@ def printed_digests(output: str, verb: str) -> dict[int, str]:
 def tiny_task_and_model() -> None:
     """Build (or find) the script's task and warm-started model first, so no run's time limit includes it."""
     _require_vllm_metadata()
-    subprocess.run([sys.executable, "-m", "exgrpo.cpu_verl_assets", "--root", str(REPO / "cache" / "verl_cpu")],
+    subprocess.run([sys.executable, "-m", "exgrpo.embedded.twin_assets", "--root", str(REPO / "cache" / "verl_cpu")],
                    check=True, timeout=1800, stdout=subprocess.DEVNULL)
 
 
@@ -171,7 +171,7 @@ def test_one_more_step_resumes_with_the_saved_pool_and_a_forced_skip_changes_no_
     saved = printed_digests(paper_run.output, "saved")
     assert sorted(saved) == list(range(1, PAPER_STEPS + 1))
 
-    from exgrpo.pool import ExperiencePool
+    from exgrpo.algorithm.pool import ExperiencePool
 
     ckpt = job_root / "paper_ckpt"
     on_disk = ExperiencePool.load(ckpt / f"global_step_{PAPER_STEPS}" / "exgrpo_pool.npz")
@@ -224,9 +224,9 @@ def test_recipe_defaults_with_continuous_rewards_on_two_ranks_replay_graded_succ
     ranks over gloo: validation before training; the latch reads the mean graded reward, so replay starts; the pool
     stores trajectories whose rewards are graded (above their group's mean, not only 1), bucketed by reward spread;
     candidate scoring and the ExGRPO loss are dispatched to both ranks."""
-    from exgrpo.pool import ExperiencePool
+    from exgrpo.algorithm.pool import ExperiencePool
 
-    graded = ("reward.custom_reward_function.path=" + str(REPO / "exgrpo" / "graded_reward.py"),
+    graded = ("reward.custom_reward_function.path=" + str(REPO / "exgrpo" / "verifier" / "graded.py"),
               "exgrpo.reward_type=continuous")
     run = run_job(job_root / "user", job_root / "ranks2_ckpt", "ranks2", f"trainer.total_training_steps={STEPS}",
                   f"trainer.save_freq={STEPS}", f"trainer.test_freq={STEPS}", *graded, script=RECIPE,

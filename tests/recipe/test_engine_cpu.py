@@ -26,8 +26,8 @@ from recipe_helpers import (  # noqa: E402
     sequence_batch,
 )
 
-from exgrpo.objective import exgrpo_policy_loss  # noqa: E402
-from exgrpo.selection import mean_token_entropy  # noqa: E402
+from exgrpo.algorithm.objective import LOSS_AGG_MODES, exgrpo_policy_loss  # noqa: E402
+from exgrpo.algorithm.selection import mean_token_entropy  # noqa: E402
 from recipe.exgrpo.records import IS_REPLAY_FIELD, MEAN_ENTROPY_FIELD, PAST_LOG_PROBS_FIELD  # noqa: E402
 
 PAIRS = [  # (prompt ids, response ids) of different lengths
@@ -305,6 +305,52 @@ def _response_rows_batch(rows, dp_size, global_batch_size):
     tu.assign_non_tensor(td, dp_size=dp_size, batch_num_tokens=None, global_batch_size=global_batch_size,
                          exgrpo_clip_fresh=False)
     return td, {"log_probs": nested(full_lp), "entropy": nested(full_ent)}
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("clip_fresh", [True, False])
+@pytest.mark.parametrize("counts", ["global", "local"])
+def test_loss_split_by_rows_through_verl_equals_the_core_objective_on_mixed_rows(actor_worker, mode, clip_fresh,
+                                                                                 counts):
+    """The recipe sends fresh rows through verl's compute_policy_loss_vanilla and replayed rows apart, each part
+    aggregated by verl's agg_loss; the core aggregates both at once. Same loss and same statistics, in every
+    aggregation mode, clipped or not, with the engine's global counts (two ranks) or verl's local fallback."""
+    import dataclasses
+
+    from recipe.exgrpo.loss import exgrpo_actor_loss
+
+    gen = torch.Generator().manual_seed(11)
+    rows, past, flags = [], [], [1, 0, 1, 0, 0]
+    for prompt_len, n, advantage in [(3, 4, 1.3), (2, 6, -0.8), (4, 3, -1.1), (3, 5, 0.6), (2, 2, -0.4)]:
+        lp = (-1.0 - torch.rand(n, generator=gen)).tolist()
+        # log-ratios in [-0.5, 1.5]: some clipped above 1.2, some past the dual clip (ratio > 3)
+        old = [v - (2.0 * float(torch.rand(1, generator=gen)) - 0.5) for v in lp]
+        rows.append((prompt_len, lp, old, advantage, torch.rand(n, generator=gen).tolist()))
+        past.append(torch.tensor(lp) - 3.0 * torch.rand(n, generator=gen) + 1.0)
+    dp, tokens, sequences = (2, 41, 9) if counts == "global" else (1, None, None)
+    td, output = _response_rows_batch(rows, dp, sequences)
+    td[IS_REPLAY_FIELD] = torch.tensor(flags, dtype=torch.int64)
+    td[PAST_LOG_PROBS_FIELD] = nested(past)
+    from verl.utils import tensordict_utils as tu
+
+    tu.assign_non_tensor(td, batch_num_tokens=tokens, exgrpo_clip_fresh=clip_fresh)
+    config = dataclasses.replace(actor_worker.loss_fn.keywords["config"], loss_agg_mode=mode, loss_scale_factor=None,
+                                 entropy_coeff=0.0, use_kl_loss=False, global_batch_info={})
+    loss, metrics = exgrpo_actor_loss(config, output, td, beta=0.1)
+
+    mask = pad([torch.ones(len(r[1])) for r in rows])
+    core, core_metrics = exgrpo_policy_loss(
+        pad([torch.tensor(r[1]) for r in rows]), pad([torch.tensor(r[2]) for r in rows]), pad(past),
+        pad([torch.full((len(r[1]),), r[3]) for r in rows]), mask, torch.tensor(flags, dtype=torch.bool),
+        beta=0.1, clip_fresh=clip_fresh, loss_agg_mode=mode, dp_size=dp, batch_num_tokens=tokens,
+        global_batch_size=sequences,
+    )
+    assert float(loss) == pytest.approx(float(core), rel=1e-5, abs=1e-7)
+    for name in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "exgrpo/replay_tokens",
+                 "exgrpo/w_sum", "exgrpo/fw_sum", "exgrpo/w_max"):
+        assert float(metrics[name].aggregate()) == pytest.approx(core_metrics[name], rel=1e-5, abs=1e-7), name
+    if clip_fresh:  # the batch really exercises both clips
+        assert core_metrics["actor/pg_clipfrac"] > 0 and core_metrics["actor/pg_clipfrac_lower"] > 0
 
 
 def test_paper_loss_scale_and_entropy_equal_the_authors_formula_on_two_micro_batches_and_two_ranks(actor_worker):

@@ -196,7 +196,7 @@ def test_ray_workers_pythonpath_extends_the_users_instead_of_replacing_it(tmp_pa
         assert config.ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH == expected
 
 
-# What the CPU profile may change, by kind (the README's "GPU vs CPU" table lists each with its reason).
+# What the CPU profile may change, by kind (docs/cpu.md's "GPU vs CPU" tables list each with its reason).
 CPU_SIZE_KEYS = {
     "data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
     "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.optim.lr",
@@ -287,9 +287,16 @@ def test_cpu_profile_changes_only_device_size_and_engine_settings_of_the_referen
         if profile == "recipe":  # every key of the profile is used by the recipe run
             assert changed - set(VERL_COPIES) == allowed - {"actor_rollout_ref.rollout.tensor_model_parallel_size"}, (
                 sorted(allowed - changed))
-    readme = (REPO / "README.md").read_text()
+    page = " ".join((REPO / "docs" / "cpu.md").read_text().split())  # line breaks as spaces
+    # the page's tables shorten the long prefixes, and say so above them
+    prefixes = {"ray_kwargs.ray_init.runtime_env.env_vars.": "env_vars.", "ray_kwargs.ray_init.": "ray_init.",
+                "actor_rollout_ref.actor.": "actor.", "actor_rollout_ref.rollout.": "rollout.",
+                "actor_rollout_ref.model.": "model."}
+    for long, short in prefixes.items():
+        assert f"`{short}` for `{long}`" in page or f"`{short}` stands for `{long}`" in page, short
     for key in sorted(allowed):
-        assert f"`{key}`" in readme, f"README's GPU vs CPU table does not list {key}"
+        shown = next((short + key[len(long):] for long, short in prefixes.items() if key.startswith(long)), key)
+        assert f"`{shown}`" in page, f"docs/cpu.md's GPU vs CPU tables do not list {key} (as {shown})"
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))

@@ -62,7 +62,7 @@ def reference_outputs(worker, tiny_model_dir, prompt_ids, candidates):
 
 
 def test_two_steps_fresh_then_replay_with_real_tq_and_engine(harness, tq_cluster, actor_worker, tiny_model_dir):
-    from exgrpo.advantage import grpo_advantages
+    from exgrpo.algorithm.advantage import grpo_advantages
     from recipe.exgrpo.records import IS_REPLAY_FIELD, PAST_LOG_PROBS_FIELD, final_outputs
 
     h, trainer, policy, _ = harness
@@ -207,7 +207,7 @@ def test_two_steps_fresh_then_replay_with_real_tq_and_engine(harness, tq_cluster
     resumed._load_checkpoint()
     assert resumed.global_steps == 1
     assert_states_equal(resumed.pool.state_dict(), saved_state)
-    from exgrpo.pool import ExperiencePool
+    from exgrpo.algorithm.pool import ExperiencePool
 
     reference = ExperiencePool(trainer.exgrpo_config)
     reference.load_state_dict(saved_state)
@@ -298,7 +298,7 @@ def test_random_selection_ablation_uses_the_pool_rng_and_scores_nothing(harness)
     import copy
     from dataclasses import replace
 
-    from exgrpo.pool import ExperiencePool
+    from exgrpo.algorithm.pool import ExperiencePool
     from recipe.exgrpo.trainer import GroupInfo
 
     _, trainer, _, _ = harness
@@ -349,7 +349,7 @@ def test_a_non_finite_log_prob_or_a_non_binary_reward_costs_one_trajectory_or_qu
     from transfer_queue import KVBatchMeta
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-    from exgrpo.pool import ExperiencePool
+    from exgrpo.algorithm.pool import ExperiencePool
     from recipe.exgrpo.trainer import GroupInfo
 
     _, trainer, _, _ = harness
@@ -393,7 +393,7 @@ def test_a_deferred_fresh_row_survives_a_checkpoint_and_comes_first_after_resume
                                                                                    tmp_path):
     from omegaconf import open_dict
 
-    from exgrpo.pool import ExperiencePool
+    from exgrpo.algorithm.pool import ExperiencePool
     from recipe.exgrpo.settings import PENDING_FILE_NAME
 
     h, trainer, _, _ = harness
@@ -436,7 +436,7 @@ def test_before_the_start_retire_before_start_retires_solved_questions_and_store
     from transfer_queue import KVBatchMeta
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-    from exgrpo.pool import ExperiencePool
+    from exgrpo.algorithm.pool import ExperiencePool
     from recipe.exgrpo.trainer import GroupInfo
 
     _, trainer, _, _ = harness
@@ -472,7 +472,7 @@ def test_update_batch_asks_for_unclipped_fresh_tokens_only_after_the_start_when_
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from exgrpo.pool import ExperiencePool
+    from exgrpo.algorithm.pool import ExperiencePool
     from recipe.exgrpo import trainer as trainer_module
     from recipe.exgrpo.loss import CLIP_FRESH_KEY
 

@@ -1,4 +1,4 @@
-"""CPU_PRESET=learn and exgrpo/configs/cpu_twin.yaml are one experiment: the verl twin and the CPU runner must
+"""CPU_PRESET=learn and exgrpo/embedded/configs/cpu_twin.yaml are one experiment: the verl twin and the CPU runner must
 train the same model on the same files with the same batch shape, optimizer, loss, advantages, ExGRPO keys and
 evaluation, or the curves of benchmarks/two_engines.py compare two experiments again (issue 16)."""
 
@@ -13,7 +13,7 @@ pytest.importorskip("verl")
 
 from recipe_helpers import REPO, compose_config  # noqa: E402
 
-from exgrpo.runner import load_config  # noqa: E402
+from exgrpo.embedded.runner import load_config  # noqa: E402
 
 _DROP = ("MODEL_PATH", "DATA_DIR", "TRAIN_FILE", "VAL_FILE", "CKPT_DIR", "EXGRPO_PROFILE", "CHAT_TEMPLATE",
          "N_GPUS_PER_NODE", "CPU_PRESET", "VERL_FILE_LOGGER_PATH")
@@ -22,7 +22,7 @@ ASSETS = REPO / "cache" / "verl_cpu"
 
 def twin_config(tmp_path, preset: str | None, *overrides: str):
     """The composed config of ``cpu_verl_exgrpo.sh`` (DRY_RUN) with the runner config's model and files given."""
-    runner = load_config(REPO / "exgrpo" / "configs" / "cpu_twin.yaml")
+    runner = load_config(REPO / "exgrpo" / "embedded" / "configs" / "cpu_twin.yaml")
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text('{"max_position_embeddings": 64}')
@@ -40,9 +40,9 @@ def twin_config(tmp_path, preset: str | None, *overrides: str):
 
 @pytest.fixture
 def files_present():
-    runner = load_config(REPO / "exgrpo" / "configs" / "cpu_twin.yaml")
+    runner = load_config(REPO / "exgrpo" / "embedded" / "configs" / "cpu_twin.yaml")
     if not (REPO / runner.data.train_file).exists() or not (REPO / runner.data.test_file).exists():
-        pytest.skip("the twin's task files are not built (python -m exgrpo.cpu_verl_assets --data-only)")
+        pytest.skip("the twin's task files are not built (python -m exgrpo.embedded.twin_assets --data-only)")
 
 
 def test_learn_preset_runs_the_runner_configs_experiment(tmp_path, files_present):

@@ -21,9 +21,10 @@ def _fingerprint(function) -> str:
 
 def _targets():
     from verl.trainer.main_ppo import TaskRunnerV1
-    from verl.trainer.ppo.core_algos import agg_loss
+    from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla, kl_penalty
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
     from verl.utils.distributed import initialize_global_process_group_ray
+    from verl.utils.torch_functional import masked_mean
     from verl.workers.engine.base import BaseEngine
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
     from verl.workers.utils.losses import ppo_loss
@@ -37,9 +38,20 @@ def _targets():
                                      "= mini-batch sequences (the paper loss_scale_factor formula)"),
         "TaskRunnerV1.run": (TaskRunnerV1.__ray_actor_class__.run, "26be986901db888b",
                              "recipe/exgrpo/main_exgrpo.py ExGRPOTaskRunner.run copies it"),
-        "ppo_loss": (ppo_loss, "d7c0f8772b444f55", "recipe/exgrpo/loss.py exgrpo_actor_loss follows it line for line"),
+        # recipe/exgrpo/loss.py exgrpo_actor_loss, piece by piece:
+        "ppo_loss": (ppo_loss, "d7c0f8772b444f55",
+                     "exgrpo_actor_loss replaces it in the engine and copies its global-batch bookkeeping (global "
+                     "batch info, metric aggregation) and its entropy and KL terms"),
+        "compute_policy_loss_vanilla": (compute_policy_loss_vanilla, "1a0214517a6dbfc8",
+                                        "exgrpo_actor_loss calls it on fresh tokens; exgrpo/algorithm/objective.py "
+                                        "fresh_token_loss mirrors it term for term for the CPU runner"),
         "agg_loss": (agg_loss, "fd052ff7eb539f78",
-                     "exgrpo/objective.py aggregate_loss mirrors it; the paper profile's loss_scale_factor"),
+                     "exgrpo_actor_loss aggregates the fresh and replayed parts apart with it (exact only while every "
+                     "mode is a sum over rows divided by global counts); objective.py aggregate_loss mirrors it; the "
+                     "paper profile's loss_scale_factor"),
+        "kl_penalty": (kl_penalty, "a2d1ace64346e336", "exgrpo_actor_loss calls it for the KL loss, as ppo_loss does"),
+        "masked_mean": (masked_mean, "80f56bdaadd4adb1",
+                        "verl's fresh-token statistics (0 over no token); objective.py _masked_mean mirrors it"),
         "FSDPEngine.optimizer_step": (FSDPEngine.optimizer_step, "08227531d7302949",
                                       "recipe/exgrpo/worker.py install_grad_norm_guard holds its optimizer.step"),
         "BaseEngine.train_batch": (BaseEngine.train_batch, "dd5e7dba6b8f69b5",

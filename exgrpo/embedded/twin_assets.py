@@ -1,7 +1,7 @@
 """The task and model that the CPU twins of the run scripts train with the real verl recipe on a CPU.
 
 verl loads a model folder and parquet files by path; on a machine without hub access both are built here, once,
-and reused: the synthetic arithmetic task in verl's parquet layout (``data_preprocess/synthetic.py``) with a
+and reused: the synthetic arithmetic task in verl's parquet layout (``exgrpo/embedded/task.py``) with a
 level-balanced validation split (31 questions per level), and a tiny Qwen2 that vLLM's CPU backend can serve (head size 32, a byte-level vocabulary
 with the chat formats' control tokens) warm-started on the prompts of the chat template the script uses, answering
 in the thought-then-answer form (``23+58=81</think>\\boxed{81}``), until about half of its greedy answers are right.
@@ -13,7 +13,7 @@ Every question is written at one width (left-filled with spaces, ``"Q: 3+4="`` b
 prompt a template renders has the same number of tokens: verl and vLLM then pass them unpadded, exactly as the warm
 start saw them.
 
-``python -m exgrpo.cpu_verl_assets --root cache/verl_cpu [--chat-template FILE]`` prints shell assignments for the
+``python -m exgrpo.embedded.twin_assets --root cache/verl_cpu [--chat-template FILE]`` prints shell assignments for the
 launcher (``MODEL_PATH=...``, ``TRAIN_FILE=...``, ``VAL_FILE=...``, ``MAX_PROMPT_LENGTH=...``,
 ``MAX_RESPONSE_LENGTH=...``); progress goes to stderr.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from exgrpo import tiny_model as tm
+from exgrpo.embedded import tiny_model as tm
 
 # The training split is build_splits(1500, 16, seed): its training prompts name the cached warm-started model
 # (tiny_model.cache_key hashes them), so the 16 held-out questions per level of levels 2 and 3 stay what they were.
@@ -74,7 +74,7 @@ def balanced_validation(train: pd.DataFrame, held_out: pd.DataFrame, seed: int,
     Extra questions come from their own seeded stream, so the training split (and with it the model's cache key) is
     the one ``build_splits`` gives; a level that already holds ``per_level`` keeps its first ``per_level``.
     """
-    from data_preprocess.synthetic import make_row, sample_pairs
+    from exgrpo.embedded.task import make_row, sample_pairs
 
     taken = operands(train) | operands(held_out)
     rng = random.Random(f"exgrpo-balanced-validation-{seed}")
@@ -110,7 +110,7 @@ def build(root: str | Path, seed: int = 0, warm_start_target_acc: float = WARM_S
     One model per rendered prompt form: a template that renders the model's own prompts (qwen_think.jinja) reuses
     its warm start. ``data_only`` skips the model (a run that brings its own).
     """
-    from data_preprocess.synthetic import build_splits
+    from exgrpo.embedded.task import build_splits
 
     root = Path(root)
     data = root / "task"

@@ -7,7 +7,7 @@ advantages per group; one AdamW step on the ExGRPO objective; then feed the *fre
 Everything algorithmic comes from the core (pool, sampling, selection, objective, advantage, reward), so this
 file is only the loop around it. ``exgrpo.enable: false`` gives plain GRPO with the same settings.
 
-Usage: ``python -m exgrpo.runner --config exgrpo/configs/cpu_tiny.yaml [trainer.steps=20 exgrpo.rho=0.25 ...]``
+Usage: ``python -m exgrpo.embedded.runner --config exgrpo/embedded/configs/cpu_tiny.yaml [trainer.steps=20 exgrpo.rho=0.25 ...]``
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ import torch
 import yaml
 
 from exgrpo import cli
-from exgrpo import tiny_model as tm
-from exgrpo.advantage import grpo_advantages
+from exgrpo.algorithm.advantage import grpo_advantages
+from exgrpo.algorithm.config import ExGRPOConfig
+from exgrpo.algorithm.objective import aggregate_loss, exgrpo_policy_loss
+from exgrpo.algorithm.pool import ExperiencePool, Trajectory, bucket_metric_prefix
+from exgrpo.algorithm.selection import mean_token_entropy, select_lowest_entropy, token_entropy
 from exgrpo.cli import InputError
-from exgrpo.config import ExGRPOConfig
-from exgrpo.objective import aggregate_loss, exgrpo_policy_loss
-from exgrpo.pool import ExperiencePool, Trajectory, bucket_metric_prefix
-from exgrpo.selection import mean_token_entropy, select_lowest_entropy, token_entropy
+from exgrpo.embedded import tiny_model as tm
 
 REWARDS = ("exgrpo", "local", "graded")
 
@@ -102,8 +102,8 @@ class TrainerConfig:
     loss_agg_mode: str = "token-mean"
     norm_adv_by_std: bool = True
     entropy_coeff: float = 0.0
-    # "exgrpo": exgrpo.reward.compute_score (math-verify, 0/1); "local": exact boxed match (0/1); "graded":
-    # exgrpo.graded_reward (partial credit in [0, 1], needs exgrpo.reward_type: continuous). Test accuracy is always
+    # "exgrpo": exgrpo.verifier.compute_score (math-verify, 0/1); "local": exact boxed match (0/1); "graded":
+    # exgrpo.verifier.graded (partial credit in [0, 1], needs exgrpo.reward_type: continuous). Test accuracy is always
     # a 0/1 verdict: the training reward's if it is one, math-verify's for "graded" (as in a binary run).
     reward: str = "exgrpo"
     eval_every: int = 10  # greedy test accuracy every N steps (0: only before and after)
@@ -279,9 +279,9 @@ def make_scorer(kind: str) -> Callable[[str, str, str], float]:
     if kind == "local":
         return local_score
     if kind == "graded":
-        from exgrpo.graded_reward import compute_score
+        from exgrpo.verifier.graded import compute_score
     else:
-        from exgrpo.reward import compute_score
+        from exgrpo.verifier import compute_score
 
     @functools.lru_cache(maxsize=1 << 18)
     def score(data_source: str, solution: str, truth: str) -> float:
@@ -368,7 +368,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
     out_dir = Path(tc.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.data.build_synthetic and not (Path(cfg.data.train_file).exists() and Path(cfg.data.test_file).exists()):
-        from data_preprocess.synthetic import build_splits
+        from exgrpo.embedded.task import build_splits
 
         train_df, test_df = build_splits(cfg.data.n_train_per_level, cfg.data.n_test_per_level, cfg.data.seed)
         for frame, path in ((train_df, cfg.data.train_file), (test_df, cfg.data.test_file)):
@@ -629,4 +629,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli.run(main, prog="exgrpo.runner"))
+    raise SystemExit(cli.run(main, prog="exgrpo.embedded.runner"))

@@ -3,10 +3,10 @@
 ``exgrpo.reward_type: continuous`` (success = above the group mean, bucket = the group's reward spread) needs
 rewards with more than two values, and the project's verifier gives 0 or 1. A learned reward model is the usual
 source, but it needs a GPU server; this gives partial credit for near misses on the ``synthetic_arith`` task
-(``data_preprocess/synthetic.py``: ``Q:23+58=`` answered ``\\boxed{81}`` or ``23+58=81\\boxed{81}``), cheaply and
+(``exgrpo/embedded/task.py``: ``Q:23+58=`` answered ``\\boxed{81}`` or ``23+58=81\\boxed{81}``), cheaply and
 deterministically, so a continuous run can be tried on a laptop and tested.
 
-Score of one response, from its answer as :mod:`exgrpo.reward` reads it (the text after ``</think>`` if there
+Score of one response, from its answer as :mod:`exgrpo.verifier` reads it (the text after ``</think>`` if there
 is one, then the content of its last ``\\boxed{}``), with ``t`` the ground-truth integer:
 
 * no ``\\boxed{}`` in the answer, or an empty one: ``0.0`` (nothing to grade);
@@ -21,12 +21,12 @@ is one, then the content of its last ``\\boxed{}``), with ``t`` the ground-truth
 Worked example, ``t = 81``: ``\\boxed{81}`` 1.0; ``\\boxed{80}`` 0.1 + 0.4 * 80/81 + 0.4 * 1/2 = 0.6951;
 ``\\boxed{18}`` 0.1 + 0.4 * 18/81 + 0 = 0.1889; ``\\boxed{x}`` 0.1; ``81`` (no box) 0.0.
 
-Other data sources are passed to :func:`exgrpo.reward.compute_score` unchanged (0 or 1), so a mixed data set
-still gets a reward in [0, 1] for every row. Results carry the same keys as :mod:`exgrpo.reward`'s
+Other data sources are passed to :func:`exgrpo.verifier.compute_score` unchanged (0 or 1), so a mixed data set
+still gets a reward in [0, 1] for every row. Results carry the same keys as :mod:`exgrpo.verifier`'s
 (``score``, ``acc``, ``pred``, ``timeout``, ``error``): verl stacks every key of every row into one array, so
 rows graded by either function can share a batch. ``acc`` is True only for the exact answer.
 
-Use with the recipe: ``reward.custom_reward_function.path=<repo>/exgrpo/graded_reward.py`` (name
+Use with the recipe: ``reward.custom_reward_function.path=<repo>/exgrpo/verifier/graded.py`` (name
 ``compute_score``, the default) with ``exgrpo.reward_type=continuous`` (``exgrpo.reward_min=0.0`` and
 ``exgrpo.reward_max=1.0`` are the defaults and this reward's range); in the CPU runner, ``trainer.reward=graded``.
 
@@ -47,17 +47,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-try:
-    from exgrpo import reward as _verifier
-except ImportError:  # loaded by file path (verl's custom_reward_function) where the package is not installed
-    import importlib.util
+if __package__ != "exgrpo.verifier":  # loaded by file path (verl's custom_reward_function): find the package
     import sys
     from pathlib import Path
 
-    _spec = importlib.util.spec_from_file_location("exgrpo_reward", Path(__file__).with_name("reward.py"))
-    _verifier = importlib.util.module_from_spec(_spec)
-    sys.modules.setdefault("exgrpo_reward", _verifier)
-    _spec.loader.exec_module(_verifier)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from exgrpo.verifier import grading as _verifier  # noqa: E402 - after the path set-up
+from exgrpo.verifier.workers import PRED_CHARS  # noqa: E402
 
 GRADED_DATA_SOURCES = ("synthetic_arith",)
 FORMAT_CREDIT = 0.1  # a box with something in it: the format is right, the answer is not a number
@@ -97,7 +94,7 @@ def digit_share(answer: int, truth: int) -> float:
 
 def graded_score(answer: str, truth: int) -> tuple[float, str, str]:
     """(score, the boxed text graded, why it scored 0) for one answer section; the rule: the module docstring."""
-    # exgrpo.reward's box reader (balanced braces, bounded scan): the same box its verifier would grade
+    # exgrpo.verifier's box reader (balanced braces, bounded scan): the same box its verifier would grade
     boxes = _verifier._boxed_contents(answer)
     if not boxes or not boxes[-1].strip():
         return 0.0, "", "no \\boxed{} answer" if not boxes else "empty \\boxed{}"
@@ -111,33 +108,33 @@ def graded_score(answer: str, truth: int) -> tuple[float, str, str]:
     return score, pred, ""
 
 
-def _result(score: float = 0.0, pred: str = "", error: str = "") -> dict[str, Any]:
-    # exgrpo.reward's keys, in its order: verl stacks each key over a batch, whichever function graded a row
-    return {"score": float(score), "acc": bool(score == 1.0), "pred": pred[: _verifier.PRED_CHARS],
-            "timeout": False, "error": error[: _verifier.PRED_CHARS]}
+def score_result(score: float = 0.0, pred: str = "", error: str = "") -> dict[str, Any]:
+    # exgrpo.verifier's keys, in its order: verl stacks each key over a batch, whichever function graded a row
+    return {"score": float(score), "acc": bool(score == 1.0), "pred": pred[: PRED_CHARS],
+            "timeout": False, "error": error[: PRED_CHARS]}
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
                   **kwargs: Any) -> dict[str, Any]:
     """verl custom reward: ``{"score": in [0, 1], "acc", "pred", "timeout", "error"}``; never raises.
 
-    ``think_end_tag`` and ``strict_format`` mean what they mean for :func:`exgrpo.reward.compute_score` (and are
+    ``think_end_tag`` and ``strict_format`` mean what they mean for :func:`exgrpo.verifier.compute_score` (and are
     passed on to it for other data sources, with every other keyword argument).
     """
     if str(data_source) not in GRADED_DATA_SOURCES:
         return _verifier.compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
     try:
         if not isinstance(solution_str, str):
-            return _result(error=f"solution_str is {type(solution_str).__name__}, not str")
+            return score_result(error=f"solution_str is {type(solution_str).__name__}, not str")
         ground_truth = _verifier.unwrap_ground_truth(ground_truth)
         truth = ground_truth if isinstance(ground_truth, int) and not isinstance(ground_truth, bool) else (
             parse_integer(str(ground_truth)))
         if truth is None:
-            return _result(error=f"ground truth {ground_truth!r} is not an integer")
+            return score_result(error=f"ground truth {ground_truth!r} is not an integer")
         think_end_tag = kwargs.get("think_end_tag", _verifier.THINK_END_TAG)
         answer = _verifier.answer_section(solution_str, think_end_tag, bool(kwargs.get("strict_format", False)))
         if answer is None:
-            return _result(error=f"no {think_end_tag} in response (strict_format)")
-        return _result(*graded_score(answer, truth))
+            return score_result(error=f"no {think_end_tag} in response (strict_format)")
+        return score_result(*graded_score(answer, truth))
     except Exception as exc:  # noqa: BLE001 - a reward function that raises kills a training run
-        return _result(error=f"{type(exc).__name__}: {exc}")
+        return score_result(error=f"{type(exc).__name__}: {exc}")

@@ -96,6 +96,90 @@ def replay_means(sums: Mapping[str, float], prefix: str = "") -> dict[str, float
     }
 
 
+def fresh_token_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    fresh_mask: torch.Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    clip: bool = True,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token loss of fresh rows, ratio pi_theta / pi_old, and verl's three statistics over ``fresh_mask``.
+
+    ``clip``: the dual-clip PPO surrogate, term for term as verl's ``compute_policy_loss_vanilla`` (the recipe
+    calls verl's own function for it); otherwise the plain -A * ratio, the authors' on-policy tokens once replay
+    has started (nothing clipped: both clip fractions are 0).
+    """
+    if not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
+    log_ratio = torch.clamp(log_prob - old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    ppo = torch.maximum(unclipped, clipped)
+    dual = torch.minimum(-advantages * clip_ratio_c, ppo)
+    loss_mat = torch.where(advantages < 0, dual, ppo) if clip else unclipped
+    with torch.no_grad():
+        clip_mask = fresh_mask if clip else torch.zeros_like(fresh_mask)
+        metrics = {
+            "actor/pg_clipfrac": _masked_mean(torch.gt(clipped, unclipped).float(), clip_mask),
+            "actor/ppo_kl": _masked_mean(-log_ratio.detach(), fresh_mask),
+            "actor/pg_clipfrac_lower": _masked_mean(
+                (torch.gt(ppo, -advantages * clip_ratio_c) & (advantages < 0)).float(), clip_mask
+            ),
+        }
+    return loss_mat, metrics
+
+
+def replay_token_loss(
+    log_prob: torch.Tensor,
+    past_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    beta: float,
+    shaping: bool = True,
+) -> torch.Tensor:
+    """Per-token loss of replayed rows: -A * f(w), w = pi_theta / pi_past, in log space; no clip.
+
+    ``shaping=False``: the plain -A * w (the ablation), its log-ratio clamped like verl's.
+    """
+    if not beta > 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    past_log_ratio = log_prob - past_log_prob
+    if shaping:
+        weight = torch.sigmoid(past_log_ratio - math.log(beta))
+    else:
+        weight = torch.exp(torch.clamp(past_log_ratio, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    return -advantages * weight
+
+
+def replay_statistics(
+    log_prob: torch.Tensor,
+    past_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    replay_mask: torch.Tensor,
+    beta: float,
+) -> dict[str, float]:
+    """Replay token share, w and f(w) over the replayed tokens: the sums of :data:`REPLAY_SUM_KEYS`, their means
+    and the largest w (the sums are what survives a batch reported in parts)."""
+    with torch.no_grad():
+        replay_mask = replay_mask.to(torch.float64)
+        n_replay = float(replay_mask.sum())
+        log_ratio = (log_prob - past_log_prob).detach().double()
+        sums = {
+            "exgrpo/response_tokens": float(response_mask.sum()),
+            "exgrpo/replay_tokens": n_replay,
+            # where() keeps a masked-out overflow (inf * 0 = nan) out of the sum
+            "exgrpo/w_sum": float(torch.where(replay_mask.bool(), log_ratio.exp(), 0.0).sum()),
+            "exgrpo/fw_sum": float((torch.sigmoid(log_ratio - math.log(beta)) * replay_mask).sum()),
+        }
+        return {**sums, **replay_means(sums),
+                REPLAY_MAX_KEY: math.exp(float(log_ratio[replay_mask.bool()].max())) if n_replay else 0.0}
+
+
 def exgrpo_policy_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
@@ -117,15 +201,11 @@ def exgrpo_policy_loss(
     batch_num_tokens: float | torch.Tensor | None = None,
     global_batch_size: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """ExGRPO policy loss over a ``[B, T]`` batch mixing fresh and replayed rows.
+    """ExGRPO policy loss over a ``[B, T]`` batch mixing fresh and replayed rows, aggregated once over both.
 
-    Fresh rows (``is_replay`` False): verl's dual-clip PPO surrogate with ratio pi_theta / pi_old; with
-    ``clip_fresh=False`` the plain -A * ratio (the authors' on-policy tokens once replay has started).
-    Replayed rows: -A * f(w), w = pi_theta / pi_past (``past_log_prob``, recorded at collection), no clip;
-    with ``shaping=False`` the plain ratio -A * w (the ablation, log-ratio clamped like verl's).
-    Returns the aggregated loss and float metrics (verl's clip fractions and KL over fresh tokens; replay
-    token share, mean/max w and mean f(w) over replayed tokens, and the sums :func:`replay_means` turns into
-    those means when a batch is reported in parts).
+    Fresh rows (``is_replay`` False): :func:`fresh_token_loss`, clipped unless ``clip_fresh=False``. Replayed
+    rows: :func:`replay_token_loss`. Returns the aggregated loss and float metrics (verl's clip fractions and KL
+    over fresh tokens, and :func:`replay_statistics`).
     """
     if not (log_prob.shape == old_log_prob.shape == past_log_prob.shape == advantages.shape == response_mask.shape):
         raise ValueError(
@@ -134,8 +214,6 @@ def exgrpo_policy_loss(
         )
     if is_replay.shape != log_prob.shape[:1]:
         raise ValueError(f"is_replay must be [B]={tuple(log_prob.shape[:1])}, got {tuple(is_replay.shape)}")
-    if not clip_ratio_c > 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
     low = clip_ratio if clip_ratio_low is None else clip_ratio_low
     high = clip_ratio if clip_ratio_high is None else clip_ratio_high
     mask = response_mask.to(log_prob.dtype)
@@ -143,49 +221,12 @@ def exgrpo_policy_loss(
     fresh_mask = mask * (~replay_rows).to(mask.dtype)
     replay_mask = mask * replay_rows.to(mask.dtype)
 
-    # Fresh tokens: the clipped surrogate, term for term as verl's compute_policy_loss_vanilla.
-    log_ratio = torch.clamp(log_prob - old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
-    ppo = torch.maximum(unclipped, clipped)
-    dual = torch.minimum(-advantages * clip_ratio_c, ppo)
-    fresh_loss = torch.where(advantages < 0, dual, ppo) if clip_fresh else unclipped
-
-    # Replayed tokens: -A * f(w) in log space, or -A * w for the no-shaping ablation.
-    past_log_ratio = log_prob - past_log_prob
-    if shaping:
-        replay_weight = torch.sigmoid(past_log_ratio - math.log(beta))
-    else:
-        replay_weight = torch.exp(torch.clamp(past_log_ratio, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
-    replay_loss = -advantages * replay_weight
-
+    fresh_loss, fresh_metrics = fresh_token_loss(log_prob, old_log_prob, advantages, fresh_mask, clip_ratio_low=low,
+                                                 clip_ratio_high=high, clip_ratio_c=clip_ratio_c, clip=clip_fresh)
+    replay_loss = replay_token_loss(log_prob, past_log_prob, advantages, beta=beta, shaping=shaping)
     loss_mat = torch.where(replay_rows, replay_loss, fresh_loss)
     loss = aggregate_loss(
         loss_mat, mask, loss_agg_mode, dp_size=dp_size, batch_num_tokens=batch_num_tokens,
         global_batch_size=global_batch_size, loss_scale_factor=loss_scale_factor,
     )
-
-    with torch.no_grad():
-        n_replay = float(replay_mask.sum())
-        detached_ratio = past_log_ratio.detach().double()
-        replay_weights = replay_mask.double()
-        sums = {
-            "exgrpo/response_tokens": float(mask.sum()),
-            "exgrpo/replay_tokens": n_replay,
-            # where() keeps a masked-out overflow (inf * 0 = nan) out of the sum
-            "exgrpo/w_sum": float(torch.where(replay_mask.bool(), detached_ratio.exp(), 0.0).sum()),
-            "exgrpo/fw_sum": float((torch.sigmoid(detached_ratio - math.log(beta)) * replay_weights).sum()),
-        }
-        clip_mask = fresh_mask if clip_fresh else torch.zeros_like(fresh_mask)  # nothing is clipped without clip
-        metrics = {
-            "actor/pg_clipfrac": _masked_mean(torch.gt(clipped, unclipped).float(), clip_mask),
-            "actor/ppo_kl": _masked_mean(-log_ratio.detach(), fresh_mask),
-            "actor/pg_clipfrac_lower": _masked_mean(
-                (torch.gt(ppo, -advantages * clip_ratio_c) & (advantages < 0)).float(), clip_mask
-            ),
-            **sums,
-            **replay_means(sums),
-            REPLAY_MAX_KEY: math.exp(float(detached_ratio[replay_mask.bool()].max())) if n_replay else 0.0,
-        }
-    return loss, metrics
+    return loss, {**fresh_metrics, **replay_statistics(log_prob, past_log_prob, mask, replay_mask, beta)}

@@ -3,7 +3,7 @@
 After each step, every question's *fresh* rollouts are summarised by their accuracy. Partly solved questions
 keep their correct trajectories (token ids exactly as generated and the behaviour policy's per-token
 log-probs), fully solved ones retire for good (after ``retire_after`` fully solved groups in a row), and every held question sits in the bucket of its latest
-accuracy (continuous rewards: of its latest group's reward spread), from which :func:`exgrpo.sampling` draws
+accuracy (continuous rewards: of its latest group's reward spread), from which :func:`exgrpo.algorithm.sampling` draws
 replay questions; each stored success keeps the reward its group gave it. Memory is bounded per question and,
 optionally, globally (least recently updated questions go first).
 
@@ -27,8 +27,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from exgrpo.config import ExGRPOConfig
-from exgrpo.sampling import allocate_counts, bucket_probabilities, draw_without_replacement
+from exgrpo.algorithm.config import ExGRPOConfig
+from exgrpo.algorithm.sampling import allocate_counts, bucket_probabilities, draw_without_replacement
 
 logger = logging.getLogger(__name__)
 

@@ -2,11 +2,11 @@
 
 Two steps, so the GPU is only needed for the first:
 
-1. ``python -m exgrpo.evaluate generate --model CKPT --data bench.parquet --output gens.jsonl`` samples one
+1. ``python -m exgrpo.tools.evaluate generate --model CKPT --data bench.parquet --output gens.jsonl`` samples one
    response per row with vLLM (rows already hold the avg@k repeats; paper settings: temperature 0.6, top-p 1.0,
    8192 new tokens). Needs a GPU machine with vllm installed; elsewhere it stops with a clear message.
-2. ``python -m exgrpo.evaluate score --data bench.parquet --generations gens.jsonl --out_dir results/`` grades
-   every response with :func:`exgrpo.reward.compute_score` on CPU and writes ``results.md`` / ``results.json``.
+2. ``python -m exgrpo.tools.evaluate score --data bench.parquet --generations gens.jsonl --out_dir results/`` grades
+   every response with :func:`exgrpo.verifier.compute_score` on CPU and writes ``results.md`` / ``results.json``.
 
 Generations file: one JSON object per line with ``qid`` (``extra_info.qid`` of the row; ``prompt_id`` is
 accepted as an alias) and ``response``; ``data_source`` and ``ground_truth`` may be given per line, otherwise
@@ -27,8 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from exgrpo import cli, reward
+from exgrpo import cli, verifier
 from exgrpo.cli import InputError
+from exgrpo.verifier.workers import DEFAULT_TIMEOUT_S
 
 IN_DISTRIBUTION = ("aime", "aime25", "amc", "math", "minerva", "olympiad_bench")
 OUT_OF_DISTRIBUTION = ("arc_c", "gpqa", "mmlu_pro")
@@ -130,7 +131,7 @@ def score_generations(items: Sequence[tuple[str, str, str, str]], workers: int =
 
     def one(item: tuple[str, str, str, str]) -> dict[str, Any]:
         qid, data_source, ground_truth, response = item
-        result = reward.compute_score(data_source, response, ground_truth, None, **reward_kwargs)
+        result = verifier.compute_score(data_source, response, ground_truth, None, **reward_kwargs)
         return {"qid": qid, "data_source": data_source, **result}
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -237,7 +238,7 @@ def perturb_answer(ground_truth: str, data_source: str) -> str:
     Answers without digits get ``+1`` appended (their value changes for every symbolic answer).
     """
     gold = ground_truth.strip()
-    if reward.is_multiple_choice(data_source):
+    if verifier.is_multiple_choice(data_source):
         if gold.isdigit():
             return str(int(gold) % 4 + 1) if int(gold) <= 4 else str(int(gold) - 1)
         letter = gold.strip("()").upper()
@@ -305,11 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     score.add_argument("--generations", nargs="+", required=True)
     score.add_argument("--out_dir", required=True)
     score.add_argument("--workers", type=int, default=8)
-    score.add_argument("--timeout_s", type=float, default=reward.DEFAULT_TIMEOUT_S)
+    score.add_argument("--timeout_s", type=float, default=DEFAULT_TIMEOUT_S)
     check = sub.add_parser("selfcheck", help="each row's own boxed ground truth must score 1, a perturbed one 0")
     check.add_argument("--data", nargs="+", required=True)
     check.add_argument("--workers", type=int, default=8)
-    check.add_argument("--timeout_s", type=float, default=reward.DEFAULT_TIMEOUT_S)
+    check.add_argument("--timeout_s", type=float, default=DEFAULT_TIMEOUT_S)
     check.add_argument("--output", default=None, help="write the full report (json) here")
     args = parser.parse_args(argv)
     if args.command == "selfcheck":
@@ -339,4 +340,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli.run(main, prog="exgrpo.evaluate"))
+    raise SystemExit(cli.run(main, prog="exgrpo.tools.evaluate"))
