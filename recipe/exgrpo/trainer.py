@@ -17,6 +17,7 @@ With ``exgrpo.enable=false`` every override defers to the parent: stock verl GRP
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import uuid
@@ -95,6 +96,19 @@ class ExGRPOTrainer(PPOTrainerSync):
         self._replay_has_rollout_log_probs = False  # the step's records carry rollout_log_probs (set at insertion)
         self._fresh_source: FreshSource | None = None
         self._qid_to_index: dict[str, int] | None = None
+        self._validations: list[tuple[int, dict[str, Any]]] = []  # (step, verl's validation metrics), for fit's end
+
+    def _validate(self, *args, **kwargs) -> dict[str, Any]:
+        metrics = super()._validate(*args, **kwargs)
+        self._validations.append((self.global_steps, dict(metrics)))
+        return metrics
+
+    def fit(self, *args, **kwargs):
+        """verl's loop; then the run's validation accuracy, first -> last with intervals, in one line each."""
+        result = super().fit(*args, **kwargs)
+        for line in validation_summary(self._validations, len(getattr(self, "val_dataset", None) or [])):
+            print(line, flush=True)
+        return result
 
     # ------------------------------------------------------------------ workers
     def _init_resource_pool_mgr(self):
@@ -665,6 +679,33 @@ def prune_pool_files(root: str, current_step: int) -> list[str]:
 # "pool_rename" (the pool file written to its temporary name, not yet renamed), "tracker" (pool saved, verl's actor
 # checkpoint and tracker file not yet written).
 HOLD_ENV = "EXGRPO_HOLD_AT"
+
+
+def wilson_interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson interval of a proportion over ``n`` independent items (here: validation questions)."""
+    if n <= 0:
+        raise ValueError(f"n must be >= 1, got {n}")
+    centre = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def validation_summary(history: list[tuple[int, dict[str, Any]]], n_questions: int) -> list[str]:
+    """One line per validation accuracy verl logged (``val-core/<source>/acc/...``): first -> last, with intervals.
+
+    Each interval treats the number as a proportion over the validation questions (exact for greedy validation, one
+    answer per question); two numbers whose intervals overlap widely are not evidence of learning.
+    """
+    if len(history) < 2 or n_questions < 1:
+        return []
+    (first_step, first), (last_step, last) = history[0], history[-1]
+    lines = []
+    for key in sorted(k for k in last if k.startswith("val-core/") and "/acc/" in k and k in first):
+        start, end = float(first[key]), float(last[key])
+        (lo0, hi0), (lo1, hi1) = wilson_interval(start, n_questions), wilson_interval(end, n_questions)
+        lines.append(f"[exgrpo] {key} ({n_questions} questions): step {first_step} {start:.3f} [{lo0:.3f}, {hi0:.3f}]"
+                     f" -> step {last_step} {end:.3f} [{lo1:.3f}, {hi1:.3f}] (95 % Wilson intervals)")
+    return lines
 
 
 def hold_requested(point: str, step: int) -> bool:
