@@ -5,7 +5,7 @@ Both start from the twin's warm-started tiny Qwen2 (``cache/verl_cpu/models``), 
 token-mean loss, std-normalised GRPO advantages, no entropy bonus, the recipe's ``exgrpo:`` defaults, and measure
 greedy accuracy on the level-balanced validation set (93 questions, 31 per level) every 5 steps:
 
-* runner: ``python -m exgrpo.runner --config exgrpo/configs/cpu_twin.yaml trainer.seed=S [exgrpo.enable=false]``
+* runner: ``python -m exgrpo.embedded.runner --config exgrpo/embedded/configs/cpu_twin.yaml trainer.seed=S [exgrpo.enable=false]``
 * twin: ``CPU_PRESET=learn bash run_scripts/cpu_verl_exgrpo.sh data.seed=S actor_rollout_ref.rollout.seed=S
   exgrpo.seed=S [exgrpo.enable=false]`` (verl + vLLM rollout + FSDP2 update)
 
@@ -48,8 +48,8 @@ def command(engine: str, arm: str, seed: int, folder: Path) -> tuple[list[str], 
     """The command line and extra environment of one run (both under ``nice -n 10``)."""
     enable = [] if arm == "exgrpo" else ["exgrpo.enable=false"]
     if engine == "runner":
-        return (["nice", "-n", "10", sys.executable, "-m", "exgrpo.runner", "--config",
-                 str(REPO / "exgrpo" / "configs" / "cpu_twin.yaml"), f"trainer.seed={seed}",
+        return (["nice", "-n", "10", sys.executable, "-m", "exgrpo.embedded.runner", "--config",
+                 str(REPO / "exgrpo" / "embedded" / "configs" / "cpu_twin.yaml"), f"trainer.seed={seed}",
                  f"trainer.output_dir={folder}", *enable], {})
     return (["nice", "-n", "10", "bash", str(REPO / "run_scripts" / "cpu_verl_exgrpo.sh"), f"data.seed={seed}",
              f"actor_rollout_ref.rollout.seed={seed}", f"exgrpo.seed={seed}", *enable],
@@ -115,6 +115,35 @@ def collect(root: Path) -> dict[tuple[str, str], dict[int, dict[int, float]]]:
     return out
 
 
+LATE_WINDOW = 3  # evaluations averaged per seed for the engines' comparison: steps 20, 25 and 30 at every 5 steps
+
+
+def late_means(runs: dict[int, dict[int, float]], window: int = LATE_WINDOW) -> dict[int, float]:
+    """Per seed, the mean greedy accuracy over the last ``window`` evaluations the seeds share.
+
+    One greedy evaluation on 93 questions has a binomial standard deviation of ~0.045, larger than the differences
+    to judge; the mean of the last three is steadier, and still says where the run ended.
+    """
+    steps = sorted(set.intersection(*(set(c) for c in runs.values())))[-window:]
+    return {seed: statistics.fmean(c[s] for s in steps) for seed, c in runs.items()}
+
+
+def engines_comparison(data: dict[tuple[str, str], dict[int, dict[int, float]]]) -> list[str]:
+    """Per arm: is the twin's mean of :func:`late_means` inside the range of the runner's seeds?"""
+    lines = ["| arm | runner: late mean per seed (range) | twin: late mean per seed | twin mean | inside |",
+             "|---|---|---|---:|---|"]
+    for arm in ARMS:
+        if ("runner", arm) not in data or ("twin", arm) not in data:
+            continue
+        runner, twin = late_means(data[("runner", arm)]), late_means(data[("twin", arm)])
+        low, high = min(runner.values()), max(runner.values())
+        mean = statistics.fmean(twin.values())
+        lines.append(f"| {arm} | {' '.join(f'{runner[s]:.3f}' for s in sorted(runner))} ({low:.3f}-{high:.3f}) | "
+                     f"{' '.join(f'{twin[s]:.3f}' for s in sorted(twin))} | {mean:.3f} | "
+                     f"{'yes' if low <= mean <= high else 'no'} |")
+    return lines
+
+
 def report(root: Path, plot_path: Path | None) -> str:
     """Markdown table (accuracy before, at the last common step, change; mean +- 95 % half-width) and the plot."""
     data = collect(root)
@@ -156,7 +185,7 @@ def report(root: Path, plot_path: Path | None) -> str:
         fig.tight_layout()
         fig.savefig(plot_path, dpi=90)
         plt.close(fig)
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + engines_comparison(data))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

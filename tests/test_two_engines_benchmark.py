@@ -48,6 +48,17 @@ def test_report_reads_both_engines_accuracy_and_leaves_out_runs_still_going(tmp_
     assert (tmp_path / "plot.png").stat().st_size > 0
 
 
+def test_engines_are_compared_on_each_seeds_mean_of_its_last_three_evaluations(tmp_path):
+    runner = {0: {0: 0.5, 5: 0.6, 10: 0.7, 15: 0.8}, 1: {0: 0.5, 5: 0.7, 10: 0.7, 15: 0.7}}
+    twin = {0: {0: 0.5, 5: 0.5, 10: 0.6, 15: 0.7}, 1: {0: 0.5, 5: 0.9, 10: 0.9, 15: 0.9}}
+    assert two_engines.late_means(runner) == pytest.approx({0: 0.7, 1: 0.7})
+    assert two_engines.late_means(twin) == pytest.approx({0: 0.6, 1: 0.9})
+    lines = two_engines.engines_comparison({("runner", "grpo"): runner, ("twin", "grpo"): twin,
+                                            ("runner", "exgrpo"): runner, ("twin", "exgrpo"): {0: runner[0]}})
+    assert lines[2] == "| grpo | 0.700 0.700 (0.700-0.700) | 0.600 0.900 | 0.750 | no |"
+    assert lines[3] == "| exgrpo | 0.700 0.700 (0.700-0.700) | 0.700 | 0.700 | yes |"
+
+
 def test_mean_band_is_a_t_interval_and_none_for_one_run():
     assert two_engines.mean_band([0.4]) == (0.4, 0.0)
     mean, half = two_engines.mean_band([0.1, 0.2, 0.3])
