@@ -49,7 +49,9 @@ def read_metrics(folder: Path) -> dict[int, dict[str, float]]:
 
 
 def step_times(metrics: dict[int, dict[str, float]]) -> dict[str, list[float]]:
-    """Per ``timing_s`` key, its values at every step after the warm-up; ``step_train`` = step - testing - save."""
+    """Per ``timing_s`` key, its values at every step after the warm-up; ``step_train`` = step - testing - save,
+    and ``step_train_after_gen`` = step_train - gen: ``gen`` counts verl's 2-second polls of the replay buffer, so it
+    moves by whole polls with the machine's load and hides differences smaller than that."""
     out: dict[str, list[float]] = {}
     for step, values in sorted(metrics.items()):
         if step <= WARM_UP_STEPS or "timing_s/step" not in values:
@@ -57,8 +59,9 @@ def step_times(metrics: dict[int, dict[str, float]]) -> dict[str, list[float]]:
         for key, value in values.items():
             if key.startswith("timing_s/"):
                 out.setdefault(key[len("timing_s/"):], []).append(float(value))
-        out.setdefault("step_train", []).append(values["timing_s/step"] - values.get("timing_s/testing", 0.0)
-                                                - values.get("timing_s/save_checkpoint", 0.0))
+        train = values["timing_s/step"] - values.get("timing_s/testing", 0.0) - values.get("timing_s/save_checkpoint", 0.0)
+        out.setdefault("step_train", []).append(train)
+        out.setdefault("step_train_after_gen", []).append(train - values.get("timing_s/gen", 0.0))
     return out
 
 

@@ -76,6 +76,7 @@ def test_timing_skips_the_warm_up_and_takes_validation_and_saving_out_of_the_tra
     write_twin(tmp_path / "grpo_0", {1: {"timing_s/step": 9.0}, 2: {"timing_s/step": 3.0, "timing_s/gen": 2.0}})
     times = verl_twin_timing.step_times(verl_twin_timing.read_metrics(tmp_path / "exgrpo_0"))
     assert times["gen"] == [2.0, 4.0] and times["step_train"] == [5.0, 5.5] and times["testing"] == [3.0]
+    assert times["step_train_after_gen"] == [3.0, 1.5]
     table = verl_twin_timing.table(tmp_path)
     assert "| `gen` | 3.000 (n=2) | 2.000 (n=1) | +1.000 |" in table
     assert "| `exgrpo_replay` | 0.500 (n=1) |  (n=0) |  |" in table

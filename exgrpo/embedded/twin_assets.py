@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     stdout = sys.stdout
     sys.stdout = sys.stderr  # progress bars and library output must not end up in the assignments
     try:
-        print(f"[cpu_verl_assets] synthetic task and tiny model under {args.root} (built once, ~3 min)")
+        print(f"[twin_assets] synthetic task and tiny model under {args.root} (built once, ~3 min)")
         values = build(args.root, args.seed, args.warm_start_target_acc, template, args.data_only)
     finally:
         sys.stdout = stdout

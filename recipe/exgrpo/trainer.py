@@ -691,7 +691,7 @@ def wilson_interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, fl
 
 
 def validation_summary(history: list[tuple[int, dict[str, Any]]], n_questions: int) -> list[str]:
-    """One line per validation accuracy verl logged (``val-core/<source>/acc/...``): first -> last, with intervals.
+    """Two lines per validation accuracy verl logged (``val-core/<source>/acc/...``): first -> last, with intervals.
 
     Each interval treats the number as a proportion over the validation questions (exact for greedy validation, one
     answer per question); two numbers whose intervals overlap widely are not evidence of learning.
@@ -703,8 +703,9 @@ def validation_summary(history: list[tuple[int, dict[str, Any]]], n_questions: i
     for key in sorted(k for k in last if k.startswith("val-core/") and "/acc/" in k and k in first):
         start, end = float(first[key]), float(last[key])
         (lo0, hi0), (lo1, hi1) = wilson_interval(start, n_questions), wilson_interval(end, n_questions)
-        lines.append(f"[exgrpo] {key} ({n_questions} questions): step {first_step} {start:.3f} [{lo0:.3f}, {hi0:.3f}]"
-                     f" -> step {last_step} {end:.3f} [{lo1:.3f}, {hi1:.3f}] (95 % Wilson intervals)")
+        lines.append(f"[exgrpo] validation {key}, {n_questions} questions, 95 % Wilson intervals:")
+        lines.append(f"[exgrpo]   step {first_step}: {start:.3f} [{lo0:.3f}, {hi0:.3f}]  ->  "
+                     f"step {last_step}: {end:.3f} [{lo1:.3f}, {hi1:.3f}]")
     return lines
 
 

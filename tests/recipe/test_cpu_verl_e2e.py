@@ -236,9 +236,11 @@ def test_recipe_defaults_with_continuous_rewards_on_two_ranks_replay_graded_succ
         assert any(k.startswith("val-core/") for k in run.metrics[step]), (step, sorted(run.metrics[step]))
     # the run ends by printing its validation accuracy, first -> last, with the numbers it logged
     key = "val-core/synthetic_arith/acc/mean@1"
-    summary = [line for line in run.output.splitlines() if f"[exgrpo] {key} (93 questions): step 0 " in line]
-    assert len(summary) == 1, run.output[-3000:]
-    assert f"{run.metrics[0][key]:.3f} [" in summary[0] and f"step {STEPS} {run.metrics[STEPS][key]:.3f} [" in summary[0]
+    lines = run.output.splitlines()
+    at = [i for i, line in enumerate(lines) if f"[exgrpo] validation {key}, 93 questions" in line]
+    assert len(at) == 1, run.output[-3000:]
+    assert f"step 0: {run.metrics[0][key]:.3f} [" in lines[at[0] + 1], lines[at[0] + 1]
+    assert f"step {STEPS}: {run.metrics[STEPS][key]:.3f} [" in lines[at[0] + 1], lines[at[0] + 1]
     actor = job_root / "ranks2_ckpt" / f"global_step_{STEPS}" / "actor"
     assert {p.name for p in actor.glob("model_world_size_*")} == {
         "model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"}
