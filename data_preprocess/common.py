@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.cli import InputError
-from exgrpo.tools.rows import user_message  # noqa: F401 - the preprocessors import it from here
+from exgrpo.tools.rows import read_jsonl, user_message  # noqa: F401 - the preprocessors import it from here
 
 # The system prompt of the authors' runs, byte-exact: real newlines after "<think>" and "</think>",
 # a literal backslash in "\boxed{}".
@@ -179,7 +179,7 @@ def read_local(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"no such data file: {path} (check the path)")
     if suffix == ".jsonl":
-        return _read_jsonl(path)
+        return read_jsonl(path)
     try:
         if suffix == ".parquet":
             import pandas as pd
@@ -204,26 +204,6 @@ def read_local(path: str | Path) -> list[dict[str, Any]]:
     for position, record in enumerate(records):
         if not isinstance(record, Mapping):
             raise InputError(f"{path}: row {position} is a {type(record).__name__}, expected an object with fields")
-    return records
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    records = []
-    try:
-        with path.open(encoding="utf-8") as handle:
-            for line_no, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{path}:{line_no}: invalid JSON ({exc}); fix or remove that line") from exc
-                if not isinstance(record, Mapping):
-                    raise InputError(f"{path}:{line_no}: a JSON {type(record).__name__}, expected an object "
-                                     "with fields")
-                records.append(record)
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); is it really jsonl?") from exc
     return records
 
 

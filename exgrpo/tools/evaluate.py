@@ -29,6 +29,7 @@ from typing import Any
 
 from exgrpo import cli, verifier
 from exgrpo.cli import InputError
+from exgrpo.tools import rows
 from exgrpo.verifier.workers import DEFAULT_TIMEOUT_S
 
 IN_DISTRIBUTION = ("aime", "aime25", "amc", "math", "minerva", "olympiad_bench")
@@ -38,19 +39,7 @@ OUT_OF_DISTRIBUTION = ("arc_c", "gpqa", "mmlu_pro")
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     if not Path(path).is_file():
         raise FileNotFoundError(f"generations file {path} does not exist (check the path)")
-    records = []
-    with Path(path).open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{line_no}: invalid JSON ({exc})") from exc
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{line_no}: expected a JSON object")
-            records.append(record)
-    return records
+    return rows.read_jsonl(path)
 
 
 DATA_COLUMNS = ("data_source", "prompt", "reward_model")
