@@ -76,9 +76,6 @@ exgrpo_check_context() {
 # then fail, or train on nothing).
 exgrpo_check_rows() {
   local rows
-  # python3 is the interpreter that will run verl (the exec below): without pyarrow it cannot read data either
-  python3 -c 'import pyarrow.parquet' 2>/dev/null ||
-    exgrpo_fail "$(command -v python3) cannot import pyarrow: activate the environment verl is installed in"
   rows="$(python3 -c 'import sys, pyarrow.parquet as pq; print(pq.ParquetFile(sys.argv[1]).metadata.num_rows)' \
     "$1" 2>/dev/null)" || exgrpo_fail "$2 $1 is not a readable parquet file"
   [ "$rows" -gt 0 ] || exgrpo_fail "$2 $1 has no rows"
@@ -134,8 +131,8 @@ EXGRPO_CPU_PROFILE=(
 )
 
 # CPU_PRESET=learn (CPU only): one experiment, two engines. The twin at the settings of the runner's
-# exgrpo/embedded/configs/cpu_twin.yaml, so the same run goes through verl + vLLM + FSDP2 here and through the runner's own
-# loop there (benchmarks/README.md, "The recipe learns as the runner does"; benchmarks/two_engines.py runs both).
+# exgrpo/embedded/configs/cpu_twin.yaml, so the same run goes through verl + vLLM + FSDP2 here and through the
+# runner's own loop there (benchmarks/README.md, "The recipe learns as the runner does"; benchmarks/two_engines.py runs both).
 # These change the experiment, not only its size, which is why they are a preset you ask for and not the CPU
 # profile: at the profile's 8 questions with two optimizer steps of 4, the policy moves by noise as much as by
 # signal. Seeds are yours to pass (data.seed, actor_rollout_ref.rollout.seed, exgrpo.seed).
@@ -146,10 +143,8 @@ EXGRPO_CPU_LEARN_PRESET=(
   "actor_rollout_ref.actor.loss_agg_mode=token-mean"     # the runner's aggregation
   "algorithm.norm_adv_by_std_in_grpo=true"               # std-normalised group advantages, as the runner
   "actor_rollout_ref.actor.entropy_coeff=0"              # no entropy bonus, as the runner
-  # Greedy validation, as the runner's test accuracy. verl 0.9.1's TransferQueue agent loop (the one this recipe
-  # runs) validates with val_kwargs.temperature and never reads val_kwargs.do_sample: temperature 0 is what makes
-  # vLLM greedy; do_sample=false only says so.
-  "actor_rollout_ref.rollout.val_kwargs.temperature=0"
+  # Greedy validation, as the runner's test accuracy: val_kwargs.temperature=0 comes with the CPU profile (verl
+  # 0.9.1's TransferQueue agent loop never reads val_kwargs.do_sample; false here only says so).
   "actor_rollout_ref.rollout.val_kwargs.do_sample=false"
   "actor_rollout_ref.rollout.val_kwargs.n=1"
   "trainer.total_training_steps=30"
@@ -262,6 +257,9 @@ exgrpo_launch() {
     "python data_preprocess/openr1.py --output $train_file, or set TRAIN_FILE / DATA_DIR)"
   [ -f "$val_file" ] || exgrpo_fail "validation file $val_file not found (python data_preprocess/openr1.py writes" \
     "it beside the training file; or set VAL_FILE / DATA_DIR)"
+  # python3 is the interpreter that will run verl (the exec below): without pyarrow it cannot read data either
+  python3 -c 'import pyarrow.parquet' 2>/dev/null ||
+    exgrpo_fail "$(command -v python3) cannot import pyarrow: activate the environment verl is installed in"
   exgrpo_check_rows "$train_file" "training file"
   exgrpo_check_rows "$val_file" "validation file"
   local max_prompt="${MAX_PROMPT_LENGTH:-1024}" max_response="${MAX_RESPONSE_LENGTH:-8192}"

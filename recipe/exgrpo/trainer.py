@@ -104,9 +104,9 @@ class ExGRPOTrainer(PPOTrainerSync):
         return metrics
 
     def fit(self, *args, **kwargs):
-        """verl's loop; then the run's validation accuracy, first -> last with intervals, in one line each."""
+        """verl's loop; then the run's validation accuracy, first -> last (:func:`validation_summary`)."""
         result = super().fit(*args, **kwargs)
-        for line in validation_summary(self._validations, len(getattr(self, "val_dataset", None) or [])):
+        for line in validation_summary(self._validations, len(self.val_dataset)):
             print(line, flush=True)
         return result
 
