@@ -81,6 +81,10 @@ class TinyModelConfig:
     # Targets close a thought with </think> before the box ("23+58=81</think>\\boxed{81}"): the form the authors'
     # strict grading (the paper scripts) accepts.
     thought_then_answer: bool = False
+    # Positions the model accepts (None: prompt_width + max_response_tokens, all it is trained on). A larger value
+    # changes no weight and no output on the training prompts (rotary positions are computed, not learned); it lets
+    # vLLM serve the model on longer prompts, such as the real benchmarks of the evaluation command.
+    context_length: int | None = None
 
     @classmethod
     def from_dict(cls, values: dict) -> TinyModelConfig:
@@ -98,6 +102,9 @@ class TinyModelConfig:
             raise ValueError(f"model.warm_start_worked_share must lie in [0, 1], got {cfg.warm_start_worked_share}")
         if cfg.warm_start_check_every < 1:
             raise ValueError(f"model.warm_start_check_every must be >= 1, got {cfg.warm_start_check_every}")
+        if cfg.context_length is not None and cfg.context_length < cfg.prompt_width + cfg.max_response_tokens:
+            raise ValueError(f"model.context_length {cfg.context_length} < prompt_width + max_response_tokens "
+                             f"({cfg.prompt_width + cfg.max_response_tokens})")
         if cfg.warm_start_target_acc is not None and not 0.0 < cfg.warm_start_target_acc <= 1.0:
             raise ValueError(f"model.warm_start_target_acc must lie in (0, 1] or be null, got "
                              f"{cfg.warm_start_target_acc}")
@@ -136,7 +143,8 @@ def build_model(tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig) -> Qwe
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
-        intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.prompt_width + cfg.max_response_tokens,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.context_length or cfg.prompt_width + cfg.max_response_tokens,
         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None, use_cache=True,
     )
@@ -285,7 +293,7 @@ def warm_start(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prom
 
 def cache_key(cfg: TinyModelConfig, prompts: Sequence[str], answers: Sequence[str]) -> str:
     fields = asdict(cfg)
-    for option in ("vllm_compatible", "thought_then_answer"):
+    for option in ("vllm_compatible", "thought_then_answer", "context_length"):
         if not fields[option]:  # keys of models built before the option existed stay valid
             del fields[option]
     digest = hashlib.sha1(json.dumps([fields, list(prompts), list(answers)]).encode()).hexdigest()

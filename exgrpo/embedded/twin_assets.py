@@ -44,6 +44,9 @@ N_VAL_BALANCED = 31
 VAL_FILE_NAME = "val_balanced.parquet"  # a new name: caches holding the former val.parquet build this one beside it
 WARM_START_TARGET_ACC = 0.6
 QUESTION_WIDTH = 8  # "Q:23+58=", the longest question
+# Positions the twin's model accepts: enough for the real benchmarks' prompts in bytes (the longest of the authors'
+# files renders to ~5.2k) plus a short answer, so the evaluation command can run a twin's checkpoint on them.
+CONTEXT_LENGTH = 8192
 
 
 def fixed_width(frame: pd.DataFrame) -> pd.DataFrame:
@@ -132,7 +135,7 @@ def build(root: str | Path, seed: int = 0, warm_start_target_acc: float = WARM_S
     prompts = render_prompts(tokenizer, frame["prompt"], chat_template)
     answers = [str(rm["ground_truth"]) for rm in frame["reward_model"]]
     cfg = tm.TinyModelConfig(vllm_compatible=True, thought_then_answer=True, prompt_width=prompt_width(tokenizer, prompts),
-                             warm_start_target_acc=warm_start_target_acc, seed=seed)
+                             context_length=CONTEXT_LENGTH, warm_start_target_acc=warm_start_target_acc, seed=seed)
     _, _, model_path = tm.load_or_build(root / "models", prompts, answers, cfg, progress=progress)
     return {"MODEL_PATH": model_path.resolve(), **out, "MAX_PROMPT_LENGTH": cfg.prompt_width,
             "MAX_RESPONSE_LENGTH": cfg.max_response_tokens}
