@@ -8,8 +8,10 @@ Knobs (keyword arguments, e.g. verl's ``reward.custom_reward_function.reward_kwa
 one verification, default 30 s), ``queue_timeout_s`` (limit on waiting for a free or starting worker, default
 120 s), ``think_end_tag`` (default ``</think>``; ``None`` or ``""`` scores the whole response), ``strict_format``
 (default False: a response without the tag scores 0 instead of being scored whole), ``precheck`` (default True;
-False sends every answer to math-verify, bounded by the time limit only). The pool's own knobs are environment
-variables (:mod:`exgrpo.verifier.workers`).
+False sends every answer to math-verify, bounded by the time limit only), ``grader`` (default ``"ours"``;
+``"paper"``: the authors' evaluation grader, :mod:`exgrpo.verifier.boxed`, which credits only a ``\\boxed{}``
+answer, for math and multiple choice alike). The pool's own knobs are environment variables
+(:mod:`exgrpo.verifier.workers`).
 """
 
 from __future__ import annotations
@@ -186,6 +188,11 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
             return score_result(error=f"no {think_end_tag} in response (strict_format)")
         if not answer.strip():
             return score_result(error="empty answer")
+        grader = kwargs.get("grader", "ours")
+        if grader == "paper":
+            return get_pool().grade(str(ground_truth), answer, timeout_s, queue_timeout_s, grader="paper")
+        if grader != "ours":
+            return score_result(error=f"grader {grader!r} is unknown (use 'ours' or 'paper')")
         if is_multiple_choice(data_source):
             return _score_choice(answer, str(ground_truth))
         _warn_unknown_source(data_source)

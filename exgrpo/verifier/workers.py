@@ -111,12 +111,21 @@ def serve() -> None:  # pragma: no cover - runs in the worker process (exercised
         shown = next((p for p in reversed(parsed) if isinstance(p, str)), "")
         return score_result(1.0 if correct else 0.0, pred=shown)
 
+    def grade_paper(gold: str, answer: str) -> dict[str, Any]:
+        from exgrpo.verifier.boxed import boxed_score
+
+        score, answer_graded = boxed_score(answer, gold)
+        return score_result(score, pred=answer_graded, error="" if answer_graded else "no \\boxed{} answer")
+
     grade("1", "\\boxed{1}")  # warm math-verify's lazily built grammars before declaring readiness
     protocol.write('{"ready": true}\n')
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            reply = grade(request["gold"], request["answer"], bool(request.get("precheck", True)))
+            if request.get("grader") == "paper":
+                reply = grade_paper(request["gold"], request["answer"])
+            else:
+                reply = grade(request["gold"], request["answer"], bool(request.get("precheck", True)))
         except MemoryError:
             reply = score_result(error="worker memory limit")
         except Exception as exc:  # noqa: BLE001 - a grading failure is a zero, never a crash of the worker
@@ -251,21 +260,23 @@ class VerifierPool:
         if worker is not None:
             worker.kill()
 
-    def grade(self, gold: str, answer: str, timeout_s: float, queue_timeout_s: float, precheck: bool = True
-              ) -> dict[str, Any]:
+    def grade(self, gold: str, answer: str, timeout_s: float, queue_timeout_s: float, precheck: bool = True,
+              grader: str = "ours") -> dict[str, Any]:
         """Verify ``answer`` against ``gold`` in a worker; a zero with a reason on any failure or overrun.
 
         ``precheck`` makes the worker reject costly candidates (:func:`precheck_candidate`, :func:`precheck_tree`)
-        instead of evaluating them. A worker found dead before it took the request (killed from outside,
-        OOM-killed while idle) is not the answer's fault: it is replaced and the request retried once.
+        instead of evaluating them. ``grader="paper"`` grades with the authors' evaluation grader
+        (:mod:`exgrpo.verifier.boxed`) instead of math-verify alone, and without the pre-check. A worker found dead
+        before it took the request (killed from outside, OOM-killed while idle) is not the answer's fault: it is
+        replaced and the request retried once.
         """
-        result, retry = self._grade_once(gold, answer, timeout_s, queue_timeout_s, precheck)
+        result, retry = self._grade_once(gold, answer, timeout_s, queue_timeout_s, precheck, grader)
         if retry:
-            result, _ = self._grade_once(gold, answer, timeout_s, queue_timeout_s, precheck)
+            result, _ = self._grade_once(gold, answer, timeout_s, queue_timeout_s, precheck, grader)
         return result
 
-    def _grade_once(self, gold: str, answer: str, timeout_s: float, queue_timeout_s: float, precheck: bool = True
-                    ) -> tuple[dict[str, Any], bool]:
+    def _grade_once(self, gold: str, answer: str, timeout_s: float, queue_timeout_s: float, precheck: bool = True,
+                    grader: str = "ours") -> tuple[dict[str, Any], bool]:
         worker = self._acquire(time.monotonic() + queue_timeout_s)
         if worker is None:
             return score_result(error="no verifier worker available"), False
@@ -280,7 +291,8 @@ class VerifierPool:
                 worker.ready = True
             if worker.proc.poll() is not None:
                 return score_result(error="verifier worker died"), True
-            payload = (json.dumps({"gold": gold, "answer": answer, "precheck": precheck}) + "\n").encode("ascii")
+            request = {"gold": gold, "answer": answer, "precheck": precheck, "grader": grader}
+            payload = (json.dumps(request) + "\n").encode("ascii")
             deadline = time.monotonic() + timeout_s
             try:
                 worker.proc.stdin.write(payload)
