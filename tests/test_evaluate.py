@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from exgrpo.tools import evaluate
-from exgrpo.tools.evaluate import markdown_table, questions_by_qid, resolve, summarize
+from exgrpo.tools.evaluate import markdown_table, questions_by_qid, resolve, results_markdown, summarize
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "data"
@@ -27,25 +27,32 @@ def test_avg_at_k_by_hand():
         {"data_source": "aime", "qid": "q2", "score": 1.0, "timeout": False},
         {"data_source": "gpqa", "qid": "g1", "score": 0.0, "timeout": False},
     ]
-    summary = summarize(scored)
+    summary = summarize(scored, "ours")
     aime = summary["benchmarks"]["aime"]
     # per-question means 0.5 and 1.0 -> 75 (a response-weighted mean would give 60)
-    assert aime == {"avg_at_k": 75.0, "questions": 2, "responses": 5, "k_min": 1, "k_max": 4, "timeouts": 1}
-    assert summary["benchmarks"]["gpqa"]["avg_at_k"] == 0.0
+    assert aime == {"score": 75.0, "questions": 2, "responses": 5, "k_min": 1, "k_max": 4, "timeouts": 1}
+    assert summary["benchmarks"]["gpqa"]["score"] == 0.0
     assert summary["in_distribution_avg"] == 75.0 and summary["ood_avg"] == 0.0 and summary["all_avg"] == 37.5
     table = markdown_table(summary)
     assert "| aime | 75.0 | 1-4 | 2 | 5 | 1 |" in table and "| gpqa | 0.0 | 1 | 1 | 1 | 0 |" in table
+    # the paper protocol's average is the authors': over responses, 3 of 5
+    paper = summarize(scored, "paper")
+    assert paper["benchmarks"]["aime"]["score"] == 60.0 and paper["in_distribution_avg"] == 60.0
+    assert paper["all_avg"] == 30.0 and paper["aggregation"] == "mean over responses"
 
 
 def test_score_fixture_generations_end_to_end(tmp_path):
-    summary = evaluate.score_files([], [str(FIXTURES / "generations.jsonl")], str(tmp_path), workers=4)
+    summary = evaluate.score_files([], [str(FIXTURES / "generations.jsonl")], str(tmp_path), workers=4,
+                                   protocol="ours")
     # Q_AIME: 204 after </think> (1), 203 (0), no tag -> whole response 204 (1), answer only in thought (0)
-    assert summary["benchmarks"]["aime"]["avg_at_k"] == pytest.approx(75.0)
-    assert summary["benchmarks"]["gpqa"]["avg_at_k"] == pytest.approx(50.0)
+    assert summary["benchmarks"]["aime"]["score"] == pytest.approx(75.0)
+    assert summary["benchmarks"]["gpqa"]["score"] == pytest.approx(50.0)
     assert summary["all_avg"] == pytest.approx(62.5)
     written = json.loads((tmp_path / "results.json").read_text())
-    assert written == json.loads(json.dumps(summary))
-    assert (tmp_path / "results.md").read_text() == markdown_table(summary)
+    assert {key: written[key] for key in summary} == json.loads(json.dumps(summary))
+    assert written["label"] == "this model" and written["paper_reported"] == {}
+    assert (tmp_path / "results.md").read_text() == results_markdown(summary, "this model", None)
+    assert markdown_table(summary) in (tmp_path / "results.md").read_text()
     scores = [json.loads(line)["score"] for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
     assert scores == [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
 
@@ -61,8 +68,8 @@ def test_generations_looked_up_from_benchmark_rows(tmp_path):
     lines = [{"qid": q1, "response": "</think>\\boxed{204}"}, {"prompt_id": q1, "response": "</think>\\boxed{1}"},
              {"qid": q2, "response": "</think>\\boxed{113}"}, {"qid": q2, "response": "</think>\\boxed{113}"}]
     gens.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    summary = evaluate.score_files([str(data)], [str(gens)], str(tmp_path / "out"), workers=2)
-    assert summary["benchmarks"]["aime"]["avg_at_k"] == pytest.approx(75.0)
+    summary = evaluate.score_files([str(data)], [str(gens)], str(tmp_path / "out"), workers=2, protocol="ours")
+    assert summary["benchmarks"]["aime"]["score"] == pytest.approx(75.0)
     assert summary["benchmarks"]["aime"]["k_min"] == 2
 
 
@@ -94,8 +101,8 @@ def _without_vllm(folder: Path) -> Path:
 
 def test_generate_without_vllm_stops_with_a_clear_message(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError, installed or not
-    with pytest.raises(SystemExit, match="needs vLLM on a GPU machine"):
-        evaluate.generate("model-dir", str(tmp_path / "data.parquet"), str(tmp_path / "out.jsonl"))
+    with pytest.raises(SystemExit, match="generation needs vLLM"):
+        evaluate.generate("model-dir", [], str(tmp_path / "out.jsonl"), evaluate.PROTOCOLS["paper"])
 
 
 def test_eval_script_guards(tmp_path):

@@ -28,6 +28,11 @@ pytest.importorskip("vllm")
 
 from recipe_helpers import REPO  # noqa: E402
 
+from exgrpo.tools.evaluate import PROTOCOLS  # noqa: E402
+
+PROTOCOLS_PAPER = PROTOCOLS["paper"]
+SHARED_BENCHMARKS = REPO.parent / "shared" / "data" / "benchmarks"  # the authors' files, beside the checkout
+
 SCRIPTS = REPO / "run_scripts"
 PAPER = SCRIPTS / "qwen2.5_math_7b_exgrpo.sh"  # the authors' training, as every GPU script composes it
 PAPER_GRPO = SCRIPTS / "qwen2.5_math_7b_grpo.sh"
@@ -205,6 +210,64 @@ def test_one_more_step_resumes_with_the_saved_pool_and_a_forced_skip_changes_no_
     model_path = Path(re.search(r"'path': '([^']*/tiny_qwen2_[0-9a-f]+)'", run.output).group(1))
     initial = load_file(model_path / "model.safetensors")
     assert any(not initial[k].equal(before[k]) for k in before if k in initial)
+
+
+EVAL_QUESTIONS = 4  # per benchmark, seeded: ~60 rows, most of them real benchmark prompts of 1-5k byte tokens
+
+
+def _benchmark_slices(user: Path) -> list[str]:
+    """The data files a user would build: the authors' benchmark files through the preprocessors (when the shared
+    folder is beside the checkout), and the twin's validation rows. Relative to ``user``."""
+    files = []
+    if SHARED_BENCHMARKS.is_dir():
+        for name, script, source in (("math_test", "math_benchmarks.py", "math_test.parquet"),
+                                     ("arc_c", "ood_benchmarks.py", "arc_c_test.parquet"),
+                                     ("gpqa", "ood_benchmarks.py", "gpqa_diamond_test.parquet")):
+            subprocess.run([sys.executable, str(REPO / "data_preprocess" / script), "--processed",
+                            str(SHARED_BENCHMARKS / source), "--output", f"data/{name}.parquet"], cwd=user,
+                           check=True, capture_output=True, timeout=300)
+            files.append(f"data/{name}.parquet")
+    files.append(str(REPO / "cache" / "verl_cpu" / "task" / "val_balanced.parquet"))
+    return files
+
+
+def test_the_evaluation_command_turns_the_twins_checkpoint_into_the_papers_table(paper_run, job_root):
+    """``eval_benchmarks.sh`` on the paper twin's global_step_N, as a user types it from their directory: verl's
+    model merger, vLLM's CPU build on token-id prompts, the paper protocol's grading, the table in the paper's
+    layout with the paper's rows, and one scores line per response that says what was graded."""
+    assert_clean_exit(paper_run)
+    user = job_root / "user"
+    files = _benchmark_slices(user)
+    checkpoint = os.path.relpath(job_root / "paper_ckpt" / f"global_step_{PAPER_STEPS}", user)
+    env = {k: v for k, v in os.environ.items() if k not in _USER_ENV}
+    env.update(EXGRPO_DEVICE="cpu", DATA_FILES=" ".join(files), QUESTIONS=str(EVAL_QUESTIONS), SAMPLES="2",
+               MAX_TOKENS="24", BACKBONE="qwen2.5-math-7b",
+               CHAT_TEMPLATE=os.path.relpath(SCRIPTS / "chat_templates" / "qwen_think.jinja", user))
+    done = subprocess.run(["bash", os.path.relpath(SCRIPTS / "eval_benchmarks.sh", user), checkpoint, "eval"],
+                          cwd=user, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    (user / "eval.log").write_text(done.stdout + done.stderr)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    out = user / "eval"
+    assert json.loads((out / "model" / "merged_from.json").read_text())["actor"].endswith(f"global_step_{PAPER_STEPS}/actor")
+    generations = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+    scores = [json.loads(line) for line in (out / "scores.jsonl").read_text().splitlines()]
+    assert len(scores) == len(generations) > 0
+    sources = {g["data_source"] for g in generations}
+    if SHARED_BENCHMARKS.is_dir():
+        assert sources == {"aime", "aime25", "amc", "math", "minerva", "olympiad_bench", "arc_c", "gpqa",
+                           "synthetic_arith"}
+    for generation, score in zip(generations, scores, strict=True):
+        # the paper protocol's prompt: no system message, the run's template, the answer opened with <think>
+        assert "<|im_start|>system" not in generation["prompt"] and generation["prompt"].endswith("<think>\n")
+        assert generation["response_tokens"] <= 24 and generation["protocol"] == score["protocol"] == "paper"
+        assert score["graded"] == PROTOCOLS_PAPER.graded_section(generation["response"], generation["prompt"])
+    results = json.loads((out / "results.json").read_text())
+    # The tiny model answers the synthetic questions in the thought-then-box form: the paper's grader credits it.
+    assert results["benchmarks"]["synthetic_arith"]["score"] > 0
+    assert results["paper_reported"]["ExGRPO"]["aime"] == 31.6
+    table = (out / "results.md").read_text()
+    assert "| model | AIME24 | AIME25 | AMC | MATH-500 | Minerva | Olympiad | ID avg | ARC-c |" in table
+    assert "ExGRPO, qwen2.5-math-7b (paper, reported)" in table and table in done.stdout
 
 
 def test_grpo_baseline_script_twin_runs_verls_step_with_the_authors_settings(job_root):
