@@ -2,8 +2,10 @@
 # The launcher every run script sources (not run on its own). It checks the environment, then runs
 #   python -m recipe.exgrpo.main_exgrpo <reference run> [paper profile] <the script's own> [CPU profile] <your overrides>
 # Everything after a script's name on its command line is passed to hydra and comes last, so any setting can be
-# overridden, e.g. `bash run_scripts/qwen2.5_math_7b_exgrpo.sh trainer.total_training_steps=10`. A key set twice is
-# passed once, with its last value (DRY_RUN=1 shows the final list).
+# overridden, e.g. `bash run_scripts/qwen2.5_math_7b_exgrpo.sh trainer.total_training_steps=10`. The layers are merged
+# by hydra's own override parser (recipe/exgrpo/overrides.py): a key set twice is passed once, with its last value and
+# the `+` hydra needs (so a key the profile adds can be overridden plainly), and a key that cannot be set is refused
+# in one line before anything starts (DRY_RUN=1 shows the final list).
 #
 # The CPU twin of any script: `EXGRPO_DEVICE=cpu bash run_scripts/<script>.sh [overrides]` runs that script's own
 # configuration (profile, chat template, overrides) through verl on a CPU; only the CPU profile below differs. With
@@ -173,23 +175,22 @@ EXGRPO_PAPER_OVERRIDES=(
   "trainer.val_before_train=false"                        # 7. their script's val_before_train=False
 )
 
-# exgrpo_final_overrides OVERRIDE...: the list with each key once, at its first place, with its last value (hydra
-# would take the last too, but a printed list should show each setting once).
-exgrpo_final_overrides() {
-  local -A last=()
-  local -a order=()
-  local item key
-  for item in "$@"; do
-    key="${item%%=*}"
-    key="${key#++}"
-    key="${key#+}"
-    [ -n "${last[$key]+set}" ] || order+=("$key")
-    last[$key]="$item"
-  done
-  EXGRPO_FINAL_OVERRIDES=()
-  for key in ${order[@]+"${order[@]}"}; do
-    EXGRPO_FINAL_OVERRIDES+=("${last[$key]}")
-  done
+# exgrpo_merge_overrides --layer NAME OVERRIDE... [--layer NAME OVERRIDE...]...: the layers merged into
+# EXGRPO_FINAL_OVERRIDES by hydra's own override parser (recipe/exgrpo/overrides.py): each key once, at its first
+# place, with its last layer's value and the prefix hydra needs (a `+` the profile put on a key verl's yaml lacks
+# stays when you override its value). A key that cannot be set, or anything else hydra would refuse, stops the
+# launch here with one line naming the override and its layer.
+exgrpo_merge_overrides() {
+  local merged status=0
+  merged="$(mktemp)"
+  (cd "$EXGRPO_REPO" && PYTHONPATH="$EXGRPO_REPO${PYTHONPATH:+:$PYTHONPATH}" python3 -m recipe.exgrpo.overrides "$@") \
+    >"$merged" || status=$?
+  if [ "$status" -ne 0 ]; then
+    rm -f "$merged"
+    exit 2  # the module has printed its one line
+  fi
+  mapfile -d '' -t EXGRPO_FINAL_OVERRIDES <"$merged"
+  rm -f "$merged"
 }
 
 # exgrpo_cpu_assets TEMPLATE: on the CPU, substitute the tiny model (MODEL_PATH unset) and the synthetic task
@@ -229,7 +230,7 @@ exgrpo_launch() {
   local template="${CHAT_TEMPLATE:-model}"
   [ "$template" = model ] || template="$(exgrpo_abspath "$template")"
   if [ "$device" = cpu ]; then
-    # A twin that only prints its overrides, with everything given, needs no Python environment.
+    # A twin that only prints its overrides, with everything given, is not set up (the active Python checks them).
     if [ "${DRY_RUN:-}" != 1 ] || [ -z "${MODEL_PATH:-}" ] ||
       { [ -z "${DATA_DIR:-}" ] && { [ -z "${TRAIN_FILE:-}" ] || [ -z "${VAL_FILE:-}" ]; }; }; then
       # shellcheck disable=SC1091
@@ -257,9 +258,10 @@ exgrpo_launch() {
     "python data_preprocess/openr1.py --output $train_file, or set TRAIN_FILE / DATA_DIR)"
   [ -f "$val_file" ] || exgrpo_fail "validation file $val_file not found (python data_preprocess/openr1.py writes" \
     "it beside the training file; or set VAL_FILE / DATA_DIR)"
-  # python3 is the interpreter that will run verl (the exec below): without pyarrow it cannot read data either
-  python3 -c 'import pyarrow.parquet' 2>/dev/null ||
-    exgrpo_fail "$(command -v python3) cannot import pyarrow: activate the environment verl is installed in"
+  # python3 is the interpreter that will run verl (the exec below): without pyarrow and hydra it cannot read data
+  # or merge the overrides either
+  python3 -c 'import pyarrow.parquet, hydra' 2>/dev/null || exgrpo_fail "$(command -v python3) cannot import" \
+    "pyarrow and hydra: activate the environment verl is installed in"
   exgrpo_check_rows "$train_file" "training file"
   exgrpo_check_rows "$val_file" "validation file"
   local max_prompt="${MAX_PROMPT_LENGTH:-1024}" max_response="${MAX_RESPONSE_LENGTH:-8192}"
@@ -297,7 +299,7 @@ exgrpo_launch() {
     "actor_rollout_ref.actor.optim.lr=1e-6"
     "actor_rollout_ref.actor.optim.lr_scheduler_type=constant"
     "actor_rollout_ref.actor.optim.weight_decay=0.01"
-    "actor_rollout_ref.actor.grad_clip=1.0"
+    "actor_rollout_ref.actor.optim.clip_grad=1.0"          # the key verl 0.9.1's engine clips with
     "actor_rollout_ref.actor.ppo_mini_batch_size=64"
     "actor_rollout_ref.actor.ppo_epochs=1"
     "actor_rollout_ref.actor.use_dynamic_bsz=true"
@@ -343,11 +345,15 @@ exgrpo_launch() {
     "+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='$pythonpath'"
     ${template_override[@]+"${template_override[@]}"}
   )
+  # Each layer overrides the ones before it; exgrpo_merge_overrides keeps each key's last value.
+  local layers=(--layer "the reference run (run_scripts/_launch.sh)" "${overrides[@]}")
   if [ "$profile" = paper ]; then
-    overrides+=("${EXGRPO_PAPER_OVERRIDES[@]}")
+    layers+=(--layer "the paper profile (EXGRPO_PROFILE=paper)" "${EXGRPO_PAPER_OVERRIDES[@]}")
   else
-    overrides+=("actor_rollout_ref.actor.loss_scale_factor=$max_response")  # verl's seq-mean-token-sum-norm
+    # verl's seq-mean-token-sum-norm
+    layers+=(--layer "the recipe profile" "actor_rollout_ref.actor.loss_scale_factor=$max_response")
   fi
+  local runtime_env=()
   if [ "$device" = cpu ]; then
     # verl loads recipe.exgrpo.cpu in every process (driver, Ray workers, vLLM's engine) through
     # VERL_USE_EXTERNAL_MODULES; VERL_PLATFORM=cpu switches it on. Ray workers get both through runtime_env.
@@ -357,10 +363,16 @@ exgrpo_launch() {
       *) export VERL_USE_EXTERNAL_MODULES="recipe.exgrpo.cpu${VERL_USE_EXTERNAL_MODULES:+,$VERL_USE_EXTERNAL_MODULES}" ;;
     esac
     export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"  # GiB of KV cache for vLLM on CPU
-    overrides+=("${EXGRPO_CPU_PROFILE[@]}")
+    layers+=(--layer "the CPU profile (EXGRPO_DEVICE=cpu)" "${EXGRPO_CPU_PROFILE[@]}")
+    # A running cluster (RAY_ADDRESS) declares its CPUs and fake GPUs itself, per node (`ray start --num-cpus N
+    # --num-gpus 1`): ray.init refuses resource counts when it joins one.
+    if [ -n "${RAY_ADDRESS:-}" ]; then
+      layers+=(--layer "a running Ray cluster (RAY_ADDRESS)" "ray_kwargs.ray_init.num_cpus=null"
+        "+ray_kwargs.ray_init.num_gpus=null")
+    fi
     case "${CPU_PRESET:-}" in
       "") ;;
-      learn) overrides+=("${EXGRPO_CPU_LEARN_PRESET[@]}") ;;
+      learn) layers+=(--layer "the learning preset (CPU_PRESET=learn)" "${EXGRPO_CPU_LEARN_PRESET[@]}") ;;
       *) exgrpo_fail "CPU_PRESET=$CPU_PRESET: use learn (or leave it unset)" ;;
     esac
     # verl's file logger truncates its file when reopened: one metrics file per launch, beside the checkpoints.
@@ -372,17 +384,19 @@ exgrpo_launch() {
   local var
   for var in VERL_PLATFORM VERL_USE_EXTERNAL_MODULES VLLM_CPU_KVCACHE_SPACE VERL_FILE_LOGGER_PATH EXGRPO_HOLD_AT; do
     if [ -n "${!var:-}" ]; then
-      overrides+=("+ray_kwargs.ray_init.runtime_env.env_vars.$var='${!var}'")
+      runtime_env+=("+ray_kwargs.ray_init.runtime_env.env_vars.$var='${!var}'")
     fi
   done
+  [ "${#runtime_env[@]}" -eq 0 ] || layers+=(--layer "the Ray workers' environment" "${runtime_env[@]}")
   local extra=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do
     extra+=("$1")
     shift
   done
   [ $# -gt 0 ] && shift  # drop "--"
-  overrides+=(${extra[@]+"${extra[@]}"} "$@")
-  exgrpo_final_overrides "${overrides[@]}"
+  [ "${#extra[@]}" -eq 0 ] || layers+=(--layer "$name's own overrides" "${extra[@]}")
+  [ $# -eq 0 ] || layers+=(--layer "your overrides" "$@")
+  exgrpo_merge_overrides "${layers[@]}"
   overrides=("${EXGRPO_FINAL_OVERRIDES[@]}")
 
   if [ "${DRY_RUN:-}" = "1" ]; then

@@ -143,6 +143,7 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
     that keeps an authors' setting (the paper profile's GRPO script) trains with the ExGRPO loss and grad-norm guard,
     so their requirements hold for it too.
     """
+    check_grad_clip(config)
     trainer = config["trainer"]
     if not trainer.get("use_v1", True):
         raise ValueError("trainer.use_v1=false: the ExGRPO recipe targets verl's V1 trainer; set trainer.use_v1=true")
@@ -197,6 +198,27 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
         raise ValueError(
             "actor_rollout_ref.rollout.multi_turn.enable=true: ExGRPO replay stores single-turn responses "
             "(every response token is a policy token); multi-turn agent loops are not supported"
+        )
+
+
+def check_grad_clip(config: Any) -> None:
+    """Refuse ``actor.grad_clip`` set apart from ``actor.optim.clip_grad``, the norm verl 0.9.1's engine clips at.
+
+    The FSDP engine (``workers/engine/fsdp/transformer_impl.py``, ``optimizer_step``) reads only
+    ``optimizer_config.clip_grad``; ``actor.grad_clip`` is a legacy key verl's yaml still has, so a value given there
+    would be accepted and do nothing. The recipe yaml ties it to ``optim.clip_grad`` by interpolation, so the two
+    differ only when ``grad_clip`` was set explicitly.
+    """
+    actor = config["actor_rollout_ref"]["actor"]
+    optim = actor.get("optim", None) or {}
+    if "grad_clip" not in actor or "clip_grad" not in optim:
+        return
+    grad_clip, clip_grad = actor["grad_clip"], optim["clip_grad"]
+    if grad_clip != clip_grad:
+        raise ValueError(
+            f"actor_rollout_ref.actor.grad_clip={grad_clip} is not read by verl 0.9.1's engine, which clips at "
+            f"actor_rollout_ref.actor.optim.clip_grad={clip_grad}; set actor_rollout_ref.actor.optim.clip_grad="
+            f"{grad_clip} instead"
         )
 
 

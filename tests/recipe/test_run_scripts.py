@@ -96,7 +96,7 @@ def test_script_overrides_compose_validate_and_match_the_reference_run(name, tmp
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     assert (config.data.train_batch_size, rollout.n, actor.ppo_mini_batch_size) == (128, 8, 64)
     assert (core.rho, core.beta, core.start_acc) == (0.5, 0.1, 0.35)
-    assert actor.optim.lr == 1e-6 and actor.optim.weight_decay == 0.01 and actor.grad_clip == 1.0
+    assert actor.optim.lr == 1e-6 and actor.optim.weight_decay == 0.01 and actor.optim.clip_grad == 1.0
     assert actor.entropy_coeff == 0.001 and not actor.use_kl_loss and not need_reference_policy(config)
     assert actor.loss_agg_mode == "seq-mean-token-sum-norm"
     assert config.algorithm.norm_adv_by_std_in_grpo is False
