@@ -4,7 +4,8 @@
 #   bash run_scripts/eval_benchmarks.sh [--protocol paper|ours] CHECKPOINT [OUT_DIR]
 #
 # CHECKPOINT: a run's checkpoints/<project>/<experiment>/global_step_N (its FSDP shards are merged with verl's model
-#   merger, once, into OUT_DIR/../model), or a Hugging Face model folder, taken as it is.
+#   merger, once, into runs/eval/<experiment>_step<N>/model, or OUT_DIR/model), or a Hugging Face model folder, taken
+#   as it is.
 # OUT_DIR: default runs/eval/<experiment>_step<N>/<protocol> in the directory you run from; it receives
 #   generations.jsonl, scores.jsonl (one line per response: the graded text, the answer, the score), results.md and
 #   results.json (the paper's nine benchmarks and two averages, the paper's reported rows for the matching backbone
@@ -13,7 +14,8 @@
 #   </think>, only a \boxed{} answer counts, mean over responses); ours: as our reward grades (docs/differences.md).
 # Environment (default): DATA_FILES (data/math_test.parquet data/ood_test.parquet, built by
 #   data_preprocess/math_benchmarks.py and ood_benchmarks.py, or imported from the authors' files with --processed),
-#   QUESTIONS (all: questions per benchmark, a seeded draw), SAMPLES (all: repeats kept per question), SUBSET_SEED (0),
+#   BENCHMARKS (all: data_source names to keep, e.g. "math arc_c gpqa"), QUESTIONS (all: questions per benchmark, a
+#   seeded draw), SAMPLES (all: repeats kept per question), SUBSET_SEED (0),
 #   TP (1: tensor parallel size), TEMPERATURE (0.6), TOP_P (1.0), MAX_TOKENS (8192; CPU 256), SEED (0),
 #   GPU_MEM_UTIL (0.85; CPU 0.2: vLLM's share of memory), CHAT_TEMPLATE (the model folder's own; a Jinja file, e.g.
 #   the run's run_scripts/chat_templates/qwen_think.jinja), BACKBONE (the paper rows to show: guessed from the path;
@@ -24,7 +26,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 fail() { echo "error: $*" >&2; exit 2; }
 
 protocol=paper
@@ -63,6 +65,8 @@ args=(--protocol "$protocol" --temperature "${TEMPERATURE:-0.6}" --top_p "${TOP_
       --tensor_parallel_size "${TP:-1}" --workers "${SCORE_WORKERS:-8}" --subset_seed "${SUBSET_SEED:-0}")
 [ -z "${QUESTIONS:-}" ] || args+=(--questions "$QUESTIONS")
 [ -z "${SAMPLES:-}" ] || args+=(--samples "$SAMPLES")
+# shellcheck disable=SC2086
+[ -z "${BENCHMARKS:-}" ] || args+=(--benchmarks $BENCHMARKS)
 [ -z "${BACKBONE:-}" ] || args+=(--backbone "$BACKBONE")
 if [ -n "${CHAT_TEMPLATE:-}" ] && [ "$CHAT_TEMPLATE" != model ]; then
   template="$(abspath "$CHAT_TEMPLATE")"

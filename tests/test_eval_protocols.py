@@ -94,6 +94,9 @@ def test_the_slice_draws_per_benchmark_across_levels_and_keeps_file_order():
     assert evaluate.select_rows(rows, 3, 2, seed=0) == chosen  # seeded
     assert evaluate.select_rows(rows) == rows  # nothing asked: everything
     assert len(evaluate.select_rows(rows, questions=10)) == len(rows)
+    assert evaluate.select_rows(rows, benchmarks=["aime"]) == [row for row in rows if row["data_source"] == "aime"]
+    with pytest.raises(evaluate.InputError, match=r"benchmark\(s\) \['gpqa'\] are in none of the data files"):
+        evaluate.select_rows(rows, benchmarks=["aime", "gpqa"])
 
 
 def test_the_papers_averages_are_the_means_of_its_numbers():

@@ -159,15 +159,24 @@ def questions_by_qid(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str
 
 
 def select_rows(records: Sequence[Mapping[str, Any]], questions: int | None = None, samples: int | None = None,
-                seed: int = 0) -> list[Mapping[str, Any]]:
-    """A seeded slice of benchmark rows: ``questions`` per benchmark, each with at most ``samples`` of its repeats.
+                seed: int = 0, benchmarks: Sequence[str] | None = None) -> list[Mapping[str, Any]]:
+    """A seeded slice of benchmark rows: ``questions`` per benchmark, each with at most ``samples`` of its repeats,
+    of the ``benchmarks`` (data_source names) asked for.
 
-    Questions are drawn per ``data_source``; where the rows carry ``extra_info.level`` (MATH-500) the draw takes the
-    levels in turn, so a small slice still spans them. Rows keep their file order. None keeps everything.
+    Questions are drawn per ``data_source``; where the rows carry ``extra_info.level`` (MATH-500 from the hub) the
+    draw takes the levels in turn, so a small slice still spans them. Rows keep their file order. None keeps
+    everything.
     """
+    if benchmarks is not None:
+        present = {str(row["data_source"]) for row in records}
+        unknown = sorted(set(benchmarks) - present)
+        if unknown:
+            raise InputError(f"benchmark(s) {unknown} are in none of the data files (they hold {sorted(present)})")
     by_source: dict[str, dict[str, list[int]]] = defaultdict(dict)
     levels: dict[str, Any] = {}
     for position, row in enumerate(records):
+        if benchmarks is not None and str(row["data_source"]) not in benchmarks:
+            continue
         qid = row_qid(row, f"data row {position}")
         by_source[str(row["data_source"])].setdefault(qid, []).append(position)
         extra = row.get("extra_info")
@@ -536,11 +545,12 @@ def self_check(records: Sequence[Mapping[str, Any]], *, workers: int = 8, **rewa
 # ----------------------------------------------------------------------------------------------- the whole run
 def run(checkpoint: str, data: Sequence[str], out_dir: str, protocol: Protocol, settings: EngineSettings,
         questions: int | None = None, samples: int | None = None, subset_seed: int = 0, workers: int = 8,
-        label: str | None = None, backbone: str | None = None, **reward_kwargs: Any) -> dict[str, Any]:
+        label: str | None = None, backbone: str | None = None, benchmarks: Sequence[str] | None = None,
+        **reward_kwargs: Any) -> dict[str, Any]:
     """Checkpoint -> merged model -> generations -> scores -> results.md/json in ``out_dir``; returns the summary."""
     start = time.perf_counter()
     records = [row for path in data for row in read_rows(path)]  # every file checked before anything starts
-    chosen = select_rows(records, questions, samples, subset_seed)
+    chosen = select_rows(records, questions, samples, subset_seed, benchmarks)
     label = label or checkpoint_label(Path(checkpoint))
     out = Path(out_dir.replace("{label}", label))
     out.mkdir(parents=True, exist_ok=True)
@@ -572,6 +582,7 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--questions", type=int, default=None, help="questions per benchmark (seeded; default all)")
     parser.add_argument("--samples", type=int, default=None, help="at most this many repeats of a question")
     parser.add_argument("--subset_seed", type=int, default=0)
+    parser.add_argument("--benchmarks", nargs="+", default=None, help="only these data_source names (default all)")
 
 
 def _engine_settings(args: argparse.Namespace) -> EngineSettings:
@@ -650,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
                          "or none)")
     if args.command == "generate":
         records = select_rows([row for path in args.data for row in read_rows(path)], args.questions, args.samples,
-                              args.subset_seed)
+                              args.subset_seed, args.benchmarks)
         path = generate(args.model, records, args.output, protocol_named(args.protocol), _engine_settings(args))
         print(f"generations -> {path}")
         return 0
@@ -658,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = _engine_settings(args)
         summary = run(args.checkpoint, args.data, args.out_dir, protocol_named(args.protocol), settings,
                       args.questions, args.samples, args.subset_seed, args.workers, args.label, backbone,
-                      timeout_s=args.timeout_s)
+                      args.benchmarks, timeout_s=args.timeout_s)
         out = Path(summary["out_dir"])
         print((out / "results.md").read_text(encoding="utf-8"))
         print(f"[eval] tables: {out / 'results.md'} {out / 'results.json'}; per response: {out / 'scores.jsonl'}")
