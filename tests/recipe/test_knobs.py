@@ -1,0 +1,299 @@
+"""Every knob the docs and the launcher offer arrives where verl reads it.
+
+Each knob is set to a value that is neither verl's, the recipe's nor the profile's default, through the command a
+user types (`DRY_RUN=1 bash run_scripts/qwen2.5_math_7b_exgrpo.sh ...`), then read back from the objects verl's
+workers and trainer actually use: the instantiated actor worker on the CPU engine (its TrainingWorker's engine and
+optimizer configs, the torch optimizer, the installed loss and its ActorConfig, the grad-norm guard), the
+RolloutConfig the rollout workers build, the resource pool the trainer asks Ray for, the reward function verl loads,
+and the keys verl's trainer reads from the config. A knob that is accepted but read nowhere (as
+`actor_rollout_ref.actor.grad_clip` was) fails here. The last test checks that the knob tables below cover every
+knob docs/gpu.md, docs/differences.md and the launcher's header name.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl")
+
+from omegaconf import OmegaConf  # noqa: E402
+from recipe_helpers import REPO, build_actor_worker, compose_config  # noqa: E402
+from test_run_scripts import one_row_parquet, run_script  # noqa: E402
+
+SCRIPT = "qwen2.5_math_7b_exgrpo.sh"
+TEMPLATE = '{% for m in messages %}{{ m["content"] }}{% endfor %}{% if add_generation_prompt %}A:{% endif %}'
+
+# Environment knobs and a value for each that no default has (the paper script's defaults in the comments).
+ENV = {
+    "N_GPUS_PER_NODE": "4",        # 8
+    "NNODES": "2",                 # 1
+    "ROLLOUT_TP": "4",             # 2 (paper), 1 (recipe)
+    "GPU_MEM_UTIL": "0.55",        # 0.8 (paper), 0.7 (recipe)
+    "TOKENS_PER_GPU": "12345",     # 32768 (paper), 18432 (recipe)
+    "MAX_PROMPT_LENGTH": "64",     # 1024
+    "MAX_RESPONSE_LENGTH": "128",  # 8192
+    "LOGGER": '["console","file"]',  # ["console"]
+    "PROJECT_NAME": "knobs",       # exgrpo
+    "EXPERIMENT_NAME": "knob_run",  # the script's name
+    "CKPT_DIR": "ck/knob_run",     # checkpoints/$PROJECT_NAME/$EXPERIMENT_NAME
+    "CKPT_KEEP": "5",              # 2 (paper), 3 (recipe)
+    "PYTHONPATH": "/opt/knobs",    # prepended with the repository for the Ray workers
+}
+# Hydra switches docs/differences.md and docs/gpu.md name, each set to the other side of the paper profile.
+SWITCHES = [
+    "reward.custom_reward_function.reward_kwargs.strict_format=false",
+    "exgrpo.clip_fresh_after_start=true",
+    "actor_rollout_ref.actor.clip_ratio_c=2.5",
+    "exgrpo.loss_horizon=4096",
+    "exgrpo.entropy_agg=loss_agg_mode",
+    "exgrpo.skip_step_grad_norm=123.0",
+    "exgrpo.retire_before_start=false",
+    "exgrpo.collect_on_start_step=true",
+    "exgrpo.rebucket_unsolved=true",
+    "trainer.val_before_train=true",
+    "exgrpo.max_stored_tokens=1000000",
+    "trainer.max_actor_ckpt_to_keep=4",  # wins over CKPT_KEEP: the user's override comes last
+    # The reference run's optimizer and loss settings the launcher writes (any of them is a user's override away).
+    "actor_rollout_ref.actor.optim.lr=3e-6",
+    "actor_rollout_ref.actor.optim.weight_decay=0.05",
+    "actor_rollout_ref.actor.optim.clip_grad=0.7",
+    "actor_rollout_ref.actor.entropy_coeff=0.002",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+    "exgrpo.rho=0.25",
+    "exgrpo.beta=0.2",
+    "exgrpo.start_acc=0.4",
+]
+# The CPU engine cannot run bf16 weights, flash-attention's remove-padding or torch.compile: what the worker below is
+# built with on top of the user's config (none of these is a knob under test; the CPU profile sets the same).
+CPU_ENGINE = [
+    "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32",
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+    "actor_rollout_ref.actor.use_torch_compile=false",
+    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    "actor_rollout_ref.model.use_remove_padding=false",
+]
+
+
+@pytest.fixture(scope="module")
+def knob_run(tmp_path_factory, tiny_model_dir):
+    """The paper script's overrides with every knob set, composed and prepared as main_exgrpo does."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from recipe.exgrpo.main_exgrpo import prepare_exgrpo_config
+
+    root = tmp_path_factory.mktemp("knobs")
+    (root / "data").mkdir()
+    one_row_parquet(root / "data" / "train.parquet")
+    one_row_parquet(root / "data" / "valid.parquet")
+    (root / "template.jinja").write_text(TEMPLATE)
+    env = {**ENV, "MODEL_PATH": str(tiny_model_dir), "TRAIN_FILE": "data/train.parquet",
+           "VAL_FILE": "data/valid.parquet", "CHAT_TEMPLATE": "template.jinja", "DRY_RUN": "1"}
+    result = run_script(SCRIPT, env, *SWITCHES, cwd=root)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    config = compose_config(lines)
+    prepare_exgrpo_config(config)
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    return root, config, lines
+
+
+@pytest.fixture(scope="module")
+def knob_worker(knob_run, cpu_engine_env):
+    """verl's actor worker (the recipe's subclass) built from that config on the CPU engine, as a Ray worker is."""
+    from recipe.exgrpo.main_exgrpo import prepare_exgrpo_config
+
+    config = compose_config([*knob_run[2], *CPU_ENGINE])
+    prepare_exgrpo_config(config)
+    return build_actor_worker(config)
+
+
+def test_optimizer_engine_and_loss_knobs_arrive_in_the_workers_engine(knob_run, knob_worker):
+    _, config, _ = knob_run
+    actor = knob_worker.actor  # verl's TrainingWorker inside ActorRolloutRefWorker (engine_workers.py init_model)
+    engine = actor.engine
+    # TOKENS_PER_GPU: the update's and the log-prob pass's token budgets (TrainingWorker.train_batch/infer_batch).
+    assert actor.engine_config.max_token_len_per_gpu == 12345
+    assert actor.engine_config.infer_max_token_len_per_gpu == 12345
+    assert actor.engine_config.use_dynamic_bsz is True
+    # The optimizer the engine steps, and the norm its optimizer_step clips at (fsdp/transformer_impl.py).
+    group = engine.optimizer.param_groups[0]
+    assert group["lr"] == pytest.approx(3e-6) and group["weight_decay"] == pytest.approx(0.05)
+    assert engine.optimizer_config.clip_grad == 0.7
+    # The loss the engine calls and the ActorConfig it reads.
+    loss = knob_worker.loss_fn
+    assert actor.loss_fn is loss and loss.func.__name__ == "exgrpo_actor_loss"
+    actor_config = loss.keywords["config"]
+    assert actor_config.clip_ratio_c == 2.5 and actor_config.entropy_coeff == pytest.approx(0.002)
+    assert actor_config.ppo_mini_batch_size == 32
+    # exgrpo.loss_horizon=4096 with 4 GPUs x 2 nodes and 32 questions x 8 rollouts per mini-batch.
+    assert actor_config.loss_scale_factor == pytest.approx(4096 * 8 / (32 * 8))
+    assert loss.keywords["entropy_agg"] == "loss_agg_mode" and loss.keywords["beta"] == 0.2
+    # The grad-norm guard wraps the engine's optimizer step at the worker's bound.
+    assert "optimizer_step" in vars(engine) and knob_worker.exgrpo_config.skip_step_grad_norm == 123.0
+    # CHAT_TEMPLATE: the tokenizer verl's model config hands the engine and the agent loop.
+    assert actor.model_config.custom_chat_template == TEMPLATE
+    assert actor.model_config.tokenizer.chat_template == TEMPLATE
+    assert config.actor_rollout_ref.model.custom_chat_template == TEMPLATE
+
+
+def test_rollout_and_layout_knobs_arrive_in_the_rollout_config_and_the_resource_pool(knob_run):
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import RolloutConfig
+
+    _, config, _ = knob_run
+    resolved = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
+    # What ActorRolloutRefWorker.init_model and the vLLM replicas build from the rollout section.
+    rollout: RolloutConfig = omega_conf_to_dataclass(resolved.actor_rollout_ref.rollout)
+    assert rollout.tensor_model_parallel_size == 4 and rollout.gpu_memory_utilization == 0.55
+    assert (rollout.prompt_length, rollout.response_length) == (64, 128)
+    assert rollout.max_num_batched_tokens == 64 + 128
+    assert rollout.log_prob_max_token_len_per_gpu == 12345
+    # The GPUs the trainer asks Ray for (PPOTrainer._init_resource_pool_mgr), run on a stand-in trainer.
+    stand_in = type("Trainer", (), {"config": resolved})()
+    PPOTrainer._init_resource_pool_mgr(stand_in)
+    assert stand_in.resource_pool_manager.resource_pool_spec == {"global_pool": [4, 4]}
+
+
+def test_trainer_data_and_checkpoint_knobs_arrive_where_verls_trainer_reads_them(knob_run):
+    root, config, _ = knob_run
+    trainer, data = config.trainer, config.data
+    # Read by PPOTrainer (v1/trainer_base.py): Tracking(project_name, experiment_name, default_backend=logger),
+    # fit's val_before_train, _save_checkpoint's default_local_dir and max_actor_ckpt_to_keep.
+    assert (trainer.project_name, trainer.experiment_name) == ("knobs", "knob_run")
+    assert list(trainer.logger) == ["console", "file"]
+    assert trainer.val_before_train is True
+    assert trainer.default_local_dir == str(root / "ck" / "knob_run")
+    assert trainer.max_actor_ckpt_to_keep == 4
+    # create_rl_dataset(config.data.train_files / val_files, config.data, ...), relative to the caller's directory.
+    assert (data.train_files, data.val_files) == (str(root / "data" / "train.parquet"),
+                                                  str(root / "data" / "valid.parquet"))
+    assert (data.max_prompt_length, data.max_response_length) == (64, 128)
+    # Ray workers' environment (run_ppo passes ray_kwargs.ray_init.runtime_env to ray.init).
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH == f"{REPO}:/opt/knobs"
+
+
+def test_reward_knob_arrives_in_the_reward_function_verl_loads(knob_run):
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    _, config, _ = knob_run
+    reward = get_custom_reward_fn(config)  # what verl's reward loop calls, reward_kwargs bound
+    unclosed = "2 + 2 makes \\boxed{4}"  # no </think>: graded only with strict_format off
+    assert reward(data_source="openr1", solution_str=unclosed, ground_truth="4", extra_info={})["score"] == 1.0
+    strict = OmegaConf.merge(config, {"reward": {"custom_reward_function": {"reward_kwargs": {"strict_format": True}}}})
+    assert get_custom_reward_fn(strict)(data_source="openr1", solution_str=unclosed, ground_truth="4",
+                                        extra_info={})["score"] == 0.0
+
+
+def test_exgrpo_knobs_arrive_in_the_trainers_and_the_workers_settings(knob_run, knob_worker):
+    from recipe.exgrpo.settings import load_settings
+
+    _, config, _ = knob_run
+    core, _ = load_settings(config)  # the trainer's (ExGRPOTrainer.__init__)
+    worker = knob_worker.exgrpo_config  # the worker's copy (actor_rollout_ref.exgrpo)
+    for settings in (core, worker):
+        assert (settings.rho, settings.beta, settings.start_acc) == (0.25, 0.2, 0.4)
+        assert settings.clip_fresh_after_start and not settings.retire_before_start
+        assert settings.collect_on_start_step and settings.rebucket_unsolved
+        assert settings.entropy_agg == "loss_agg_mode" and settings.skip_step_grad_norm == 123.0
+        assert settings.max_stored_tokens == 1_000_000
+
+
+def test_grad_clip_is_refused_with_the_key_to_use(tmp_path, tiny_model_dir):
+    """verl 0.9.1's engine clips at optim.clip_grad; actor.grad_clip is read by nothing."""
+    from recipe.exgrpo.main_exgrpo import prepare_exgrpo_config
+
+    (tmp_path / "data").mkdir()
+    for name in ("openr1.parquet", "openr1_valid.parquet"):
+        one_row_parquet(tmp_path / "data" / name)
+    env = {"MODEL_PATH": str(tiny_model_dir), "MAX_PROMPT_LENGTH": "64", "MAX_RESPONSE_LENGTH": "128",
+           "DRY_RUN": "1"}
+    result = run_script(SCRIPT, env, "actor_rollout_ref.actor.grad_clip=0.5", cwd=tmp_path)
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.grad_clip=0.5 is not read by verl 0.9.1's engine, "
+                                         r"which clips at actor_rollout_ref.actor.optim.clip_grad=1.0; set "
+                                         r"actor_rollout_ref.actor.optim.clip_grad=0.5 instead"):
+        prepare_exgrpo_config(compose_config(result.stdout.splitlines()))
+    # The same value on both keys is consistent, and optim.clip_grad alone moves grad_clip with it.
+    for args in (("actor_rollout_ref.actor.grad_clip=0.5", "actor_rollout_ref.actor.optim.clip_grad=0.5"),
+                 ("actor_rollout_ref.actor.optim.clip_grad=0.5",)):
+        config = compose_config(run_script(SCRIPT, env, *args, cwd=tmp_path).stdout.splitlines())
+        prepare_exgrpo_config(config)
+        assert config.actor_rollout_ref.actor.optim.clip_grad == 0.5 == config.actor_rollout_ref.actor.grad_clip
+
+
+def test_device_profile_preset_and_cluster_knobs(tmp_path, tiny_model_dir):
+    """EXGRPO_PROFILE, EXGRPO_DEVICE, CPU_PRESET, DATA_DIR, VLLM_CPU_KVCACHE_SPACE, RAY_ADDRESS."""
+    from recipe.exgrpo.settings import load_settings
+
+    (tmp_path / "d").mkdir()
+    for name in ("openr1.parquet", "openr1_valid.parquet"):
+        one_row_parquet(tmp_path / "d" / name)
+    env = {"MODEL_PATH": str(tiny_model_dir), "MAX_PROMPT_LENGTH": "64", "MAX_RESPONSE_LENGTH": "128",
+           "DATA_DIR": "d", "DRY_RUN": "1"}
+
+    def config_of(**extra):
+        result = run_script(SCRIPT, {**env, **extra}, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        return compose_config(result.stdout.splitlines())
+
+    paper = config_of()
+    assert paper.data.train_files == str(tmp_path / "d" / "openr1.parquet")  # DATA_DIR
+    recipe = config_of(EXGRPO_PROFILE="recipe")  # the script's default is paper
+    core, _ = load_settings(recipe)
+    assert core.clip_fresh_after_start and core.skip_step_grad_norm is None and core.entropy_agg == "loss_agg_mode"
+    assert "reward_kwargs" not in recipe.reward.custom_reward_function
+    assert recipe.actor_rollout_ref.actor.loss_scale_factor == 128  # MAX_RESPONSE_LENGTH
+    cpu = config_of(EXGRPO_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2", CPU_PRESET="learn", RAY_ADDRESS="10.0.0.1:6379")
+    env_vars = cpu.ray_kwargs.ray_init.runtime_env.env_vars
+    assert (env_vars.VERL_PLATFORM, env_vars.VLLM_CPU_KVCACHE_SPACE) == ("cpu", "2")
+    assert "recipe.exgrpo.cpu" in env_vars.VERL_USE_EXTERNAL_MODULES.split(",")
+    assert cpu.trainer.n_gpus_per_node == 1 and cpu.actor_rollout_ref.rollout.dtype == "float32"  # the CPU profile
+    assert cpu.data.train_batch_size == 32 and cpu.trainer.total_training_steps == 30  # CPU_PRESET=learn
+    # RAY_ADDRESS: the running cluster declares its resources, so ray.init gets none.
+    assert cpu.ray_kwargs.ray_init.num_cpus is None and cpu.ray_kwargs.ray_init.num_gpus is None
+
+
+# The knobs the tests above set, by name as the docs write them.
+COVERED = set(ENV) | {"MODEL_PATH", "TRAIN_FILE", "VAL_FILE", "CHAT_TEMPLATE", "DRY_RUN", "EXGRPO_PROFILE",
+                      "EXGRPO_DEVICE", "CPU_PRESET", "DATA_DIR", "VLLM_CPU_KVCACHE_SPACE", "RAY_ADDRESS"} | {
+    s.split("=", 1)[0].lstrip("+") for s in SWITCHES}
+
+
+def _backticked(text: str) -> set[str]:
+    return set(re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)`", text))
+
+
+def test_every_documented_knob_is_covered_by_these_tests():
+    launcher = (REPO / "run_scripts" / "_launch.sh").read_text()
+    header = launcher[: launcher.index("set -euo pipefail")]
+    env_section = header[header.index("# Environment (required"):]
+    named = set(re.findall(r"(?:^#\s+|\s{2})([A-Z][A-Z0-9_]{2,}) \(", env_section, flags=re.M))
+    assert {"N_GPUS_PER_NODE", "TOKENS_PER_GPU", "CPU_PRESET", "DRY_RUN"} <= named, named  # the parse works
+    gpu = (REPO / "docs" / "gpu.md").read_text()
+    knobs_paragraph = gpu[gpu.index("**Knobs (environment):**"):].split("\n\n")[0]
+    named |= {name for name in _backticked(knobs_paragraph) if name.isupper()}
+    differences = (REPO / "docs" / "differences.md").read_text()
+    table = differences[differences.index("| | difference | switch |"):].split("\n\n")[0]
+    switches = {name for line in table.splitlines()[2:] for name in _backticked(line.split("|")[3])}
+    switches = {f"actor_rollout_ref.{s}" if s.startswith("actor.") else s for s in switches}
+    assert "exgrpo.loss_horizon" in switches and "TOKENS_PER_GPU" in switches  # the parse works
+    missing = sorted((named | switches) - COVERED)
+    assert not missing, f"documented knobs no test reads back: {missing}"
+
+
+def test_the_tables_here_name_only_real_keys():
+    """A switch of this file must exist in the composed config (or be added by the profile), so a typo here cannot
+    pass for a knob that arrives."""
+    config = compose_config([])
+    for switch in SWITCHES:
+        key = switch.split("=", 1)[0]
+        if key != "reward.custom_reward_function.reward_kwargs.strict_format":  # the paper profile adds it
+            assert OmegaConf.select(config, key, default="<absent>") != "<absent>", key
+    assert Path(REPO / "run_scripts" / SCRIPT).is_file()
