@@ -94,5 +94,5 @@ fi
 
 cd "$repo"  # python -m exgrpo.tools.evaluate from the repository; every path above is absolute
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
-echo "[eval] $CKPT ($protocol protocol, $device) -> $OUT_DIR" >&2
+echo "[eval] $CKPT ($protocol protocol, $device)" >&2
 exec python -m exgrpo.tools.evaluate run --checkpoint "$CKPT" --data "${files[@]}" --out_dir "$OUT_DIR" "${args[@]}"

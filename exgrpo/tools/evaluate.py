@@ -554,6 +554,7 @@ def run(checkpoint: str, data: Sequence[str], out_dir: str, protocol: Protocol, 
     label = label or checkpoint_label(Path(checkpoint))
     out = Path(out_dir.replace("{label}", label))
     out.mkdir(parents=True, exist_ok=True)
+    print(f"[eval] {len(chosen)} of {len(records)} rows of {len(data)} file(s) -> {out}", flush=True)
     model = resolve_model(checkpoint, out.parent if out.name in PROTOCOLS else out)
     if backbone is None:  # "none": no paper rows
         backbone = paper_results.backbone_of(str(Path(checkpoint).resolve()))
