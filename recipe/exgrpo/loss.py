@@ -47,6 +47,24 @@ ACTOR_METRIC_PREFIX = "actor/"
 # loss aggregations, loss scales and GPU counts, unlike verl's actor/entropy_loss under seq-mean-token-sum-norm.
 ENTROPY_SUM_KEY = "exgrpo/entropy_sum"
 ENTROPY_MEAN_KEY = "exgrpo/entropy_token_mean"
+# verl's fresh-token statistics (compute_policy_loss_vanilla's masked means over the micro-batch's fresh tokens) are
+# reported as sums with the fresh-token count (SUM over micro-batches and ranks), and the trainer divides them back:
+# the step's value is then the mean over all of its fresh tokens. Reported as verl's per-micro-batch MEAN, a
+# micro-batch holding only replayed rows would count as a 0 and every micro-batch would weigh the same whatever
+# its number of tokens.
+FRESH_TOKENS_KEY = "exgrpo/fresh_tokens"
+FRESH_MEAN_KEYS = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
+FRESH_SUM_KEYS = {name: f"exgrpo/fresh_sum/{name.split('/', 1)[1]}" for name in FRESH_MEAN_KEYS}
+
+
+def fresh_sums(raw_metrics: dict[str, float], fresh_tokens: float) -> dict[str, float]:
+    """The micro-batch's fresh-token means (``actor/pg_clipfrac`` ...) as sums over its ``fresh_tokens`` tokens."""
+    out = {name: value for name, value in raw_metrics.items() if name not in FRESH_SUM_KEYS}
+    for name, sum_name in FRESH_SUM_KEYS.items():
+        if name in raw_metrics:
+            out[sum_name] = float(raw_metrics[name]) * fresh_tokens
+    out[FRESH_TOKENS_KEY] = fresh_tokens
+    return out
 
 
 def policy_metrics(raw_metrics: dict[str, float]) -> dict[str, Metric]:
@@ -56,13 +74,14 @@ def policy_metrics(raw_metrics: dict[str, float]) -> dict[str, Metric]:
     ranks, summed over micro-batches; MAX: maximum of all). Replay sums are therefore SUM (every sum gets the
     same factor, so their quotients are exact) and the per-micro-batch replay means are left out (the trainer
     recomputes them from the sums, :func:`finish_replay_metrics`); the largest w is MAX; verl's fresh-token
-    statistics keep ``ppo_loss``'s per-micro-batch MEAN.
+    statistics are SUM when given as sums (:func:`fresh_sums`, what the actor loss reports), else ``ppo_loss``'s
+    per-micro-batch MEAN.
     """
     out = {}
     for name, value in raw_metrics.items():
         if name in REPLAY_MEAN_KEYS:
             continue
-        if name in REPLAY_SUM_KEYS:
+        if name in REPLAY_SUM_KEYS or name == FRESH_TOKENS_KEY or name in FRESH_SUM_KEYS.values():
             aggregation = AggregationType.SUM
         elif name == REPLAY_MAX_KEY:
             aggregation = AggregationType.MAX
@@ -77,8 +96,9 @@ def finish_replay_metrics(metrics: dict[str, Any], prefix: str = ACTOR_METRIC_PR
 
     Called on the metrics verl's ``_update_actor`` produced (renamed with ``prefix`` and reduced over
     mini-batches); the sums themselves are dropped, their scale depends on the numbers of ranks and
-    mini-batches. The entropy sum becomes the step's mean entropy per response token. Does nothing when the actor
-    did not report them (ExGRPO loss not installed).
+    mini-batches. The entropy sum becomes the step's mean entropy per response token, and verl's fresh-token
+    statistics (``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``) their means over the step's
+    fresh tokens. Does nothing when the actor did not report them (ExGRPO loss not installed).
     """
     if not all(prefix + name in metrics for name in REPLAY_SUM_KEYS):
         return
@@ -89,6 +109,12 @@ def finish_replay_metrics(metrics: dict[str, Any], prefix: str = ACTOR_METRIC_PR
     metrics.update(replay_means(metrics, prefix=prefix))
     for name in REPLAY_SUM_KEYS:
         metrics.pop(prefix + name)
+    fresh_tokens = metrics.pop(prefix + FRESH_TOKENS_KEY, None)
+    if fresh_tokens is not None:  # verl's names, their step means over the fresh tokens (0 for none)
+        for name, sum_name in FRESH_SUM_KEYS.items():
+            total = metrics.pop(prefix + sum_name, None)
+            if total is not None:
+                metrics[name] = float(total) / float(fresh_tokens) if fresh_tokens else 0.0
 
 
 def entropy_bonus(
@@ -203,7 +229,8 @@ def exgrpo_actor_loss(
         replay_mat = replay_token_loss(log_prob, past, padded["advantages"], beta=beta, shaping=shaping)
         pg_loss = pg_loss + agg_loss(loss_mat=replay_mat, loss_mask=replay_mask, loss_agg_mode=config.loss_agg_mode,
                                      **info)
-    raw_metrics = {**raw_metrics, **replay_statistics(log_prob, past, response_mask, replay_mask, beta)}
+    raw_metrics = fresh_sums(raw_metrics, float(fresh_mask.sum()))
+    raw_metrics.update(replay_statistics(log_prob, past, response_mask, replay_mask, beta))
     # Same metric names as ppo_loss (the core mirrors verl's), plus the exgrpo/* replay statistics as sums and a
     # maximum; the trainer turns the reduced sums into means (finish_replay_metrics). A per-micro-batch mean
     # would be averaged over micro-batches, those without replayed tokens counting as 0.

@@ -346,9 +346,15 @@ def test_loss_split_by_rows_through_verl_equals_the_core_objective_on_mixed_rows
         global_batch_size=sequences,
     )
     assert float(loss) == pytest.approx(float(core), rel=1e-5, abs=1e-7)
-    for name in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "exgrpo/replay_tokens",
-                 "exgrpo/w_sum", "exgrpo/fw_sum", "exgrpo/w_max"):
+    for name in ("exgrpo/replay_tokens", "exgrpo/w_sum", "exgrpo/fw_sum", "exgrpo/w_max"):
         assert float(metrics[name].aggregate()) == pytest.approx(core_metrics[name], rel=1e-5, abs=1e-7), name
+    from recipe.exgrpo.loss import FRESH_SUM_KEYS, FRESH_TOKENS_KEY  # verl's fresh statistics travel as sums
+
+    fresh_tokens = float(metrics[FRESH_TOKENS_KEY].aggregate())
+    assert fresh_tokens == sum(len(r[1]) for r, flag in zip(rows, flags, strict=True) if not flag)
+    for name, sum_name in FRESH_SUM_KEYS.items():
+        mean = float(metrics[sum_name].aggregate()) / fresh_tokens
+        assert mean == pytest.approx(core_metrics[name], rel=1e-5, abs=1e-7), name
     if clip_fresh:  # the batch really exercises both clips
         assert core_metrics["actor/pg_clipfrac"] > 0 and core_metrics["actor/pg_clipfrac_lower"] > 0
 
