@@ -21,6 +21,7 @@ from verl.utils.device import auto_set_device
 from verl.utils.logging_utils import configure_verl_logging
 
 from recipe.exgrpo.settings import apply_loss_horizon, check_verl_settings, load_settings
+from recipe.exgrpo.storage import TOKEN_ENV, StorageError, check_every_node, write_marker
 
 
 class ExGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
@@ -37,6 +38,8 @@ class ExGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
         pprint(OmegaConf.to_container(config, resolve=True))
         OmegaConf.resolve(config)
         self.config = config
+        # ExGRPO: every node sees the driver's checkpoint folder and model, before anything is started or written
+        check_every_node(config.trainer.default_local_dir, config.actor_rollout_ref.model.path)
 
         tq.init(config.transfer_queue)
         succeeded = False
@@ -79,17 +82,37 @@ def validate_exgrpo_config(config: DictConfig) -> None:
     validate_with_verl(config)
 
 
+def mark_shared_storage(config: DictConfig) -> str:
+    """Write the storage marker into the checkpoint folder and hand its token to every Ray worker.
+
+    The token travels in the job's ``runtime_env`` (verl passes ``ray_kwargs.ray_init.runtime_env`` to
+    ``ray.init``), so the TaskRunner, wherever Ray places it, can tell this launch's marker from a stale one.
+    """
+    token = write_marker(config.trainer.default_local_dir, config.actor_rollout_ref.model.path)
+    OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{TOKEN_ENV}", token, force_add=True)
+    return token
+
+
+def _fail(error: BaseException) -> None:
+    """One line on stderr and exit status 2 (``EXGRPO_DEBUG=1`` re-raises with the traceback)."""
+    if os.environ.get("EXGRPO_DEBUG") == "1":
+        raise error
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+
+
 @hydra.main(config_path="config", config_name="exgrpo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     try:
         prepare_exgrpo_config(config)
     except ValueError as error:  # the recipe's own refusals name the key and the fix: one line, no traceback
-        if os.environ.get("EXGRPO_DEBUG") == "1":
-            raise
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        _fail(error)
     validate_with_verl(config)
-    run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(ExGRPOTaskRunner))
+    try:
+        mark_shared_storage(config)
+        run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(ExGRPOTaskRunner))
+    except StorageError as error:  # raised here, or in the TaskRunner (Ray re-raises it as a subclass of it)
+        _fail(getattr(error, "cause", None) or error)
 
 
 if __name__ == "__main__":

@@ -88,14 +88,29 @@ def installs_exgrpo_loss(core: ExGRPOConfig) -> bool:
     return core.enable or core.entropy_agg != "loss_agg_mode"
 
 
+def ulysses_size(actor: Any) -> tuple[int, str]:
+    """The actor's Ulysses sequence-parallel group size as verl 0.9.1 resolves it, and the key it came from.
+
+    ``FSDPActorConfig.__post_init__`` (verl/workers/config/actor.py) copies the deprecated
+    ``actor.ulysses_sequence_parallel_size`` over ``actor.fsdp_config.ulysses_sequence_parallel_size`` whenever the
+    former is above 1, so with both set the deprecated key wins; the engine reads the fsdp_config value.
+    """
+    legacy = int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    if legacy > 1:
+        return legacy, "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    fsdp = int((actor.get("fsdp_config", None) or {}).get("ulysses_sequence_parallel_size", 1) or 1)
+    return fsdp, "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"
+
+
 def data_parallel_size(config: Any) -> int:
     """The actor's data-parallel ranks: all GPUs of all nodes over the Ulysses sequence-parallel group size."""
     trainer, actor = config["trainer"], config["actor_rollout_ref"]["actor"]
     world = int(trainer["n_gpus_per_node"]) * int(trainer["nnodes"])
-    fsdp_sp = int((actor.get("fsdp_config", None) or {}).get("ulysses_sequence_parallel_size", 1) or 1)
-    sp = fsdp_sp if fsdp_sp > 1 else int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
-    if world % sp:
-        raise ValueError(f"ulysses_sequence_parallel_size={sp} does not divide the {world} GPUs of the run")
+    sp, key = ulysses_size(actor)
+    if sp < 1 or world % sp:
+        raise ValueError(
+            f"{key}={sp} does not divide the {world} GPUs of the run (trainer.n_gpus_per_node x trainer.nnodes)"
+        )
     return world // sp
 
 
@@ -120,6 +135,12 @@ def apply_loss_horizon(config: Any, recipe: RecipeSettings) -> None:
     if recipe.loss_horizon is None:
         return
     actor = config["actor_rollout_ref"]["actor"]
+    if actor.get("strategy", "fsdp") not in ("fsdp", "fsdp2"):  # Megatron's data-parallel size also divides by TP/PP/CP
+        raise ValueError(
+            f"exgrpo.loss_horizon={recipe.loss_horizon} with actor_rollout_ref.actor.strategy={actor.get('strategy')!r}: "
+            "the authors' loss scale is derived for FSDP's data-parallel size; use strategy=fsdp2 or set "
+            "exgrpo.loss_horizon=null"
+        )
     if actor["loss_agg_mode"] != "seq-mean-token-sum-norm":
         raise ValueError(
             f"exgrpo.loss_horizon={recipe.loss_horizon} needs actor_rollout_ref.actor.loss_agg_mode="

@@ -64,6 +64,7 @@ from recipe.exgrpo.records import (
     scalar_reward,
 )
 from recipe.exgrpo.settings import PENDING_FILE_NAME, POOL_FILE_NAME, check_verl_settings, load_settings
+from recipe.exgrpo.storage import actor_removed
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -649,10 +650,12 @@ class ExGRPOTrainer(PPOTrainerSync):
 
 
 def prune_pool_files(root: str, current_step: int) -> list[str]:
-    """Delete ExGRPO files of older steps whose actor checkpoint verl has already removed (max_actor_ckpt_to_keep).
+    """Delete ExGRPO files of older steps whose actor checkpoint verl recorded removing (max_actor_ckpt_to_keep).
 
     verl deletes only ``global_step_N/actor``; a pool file left behind can be gigabytes and is useless without
-    the weights it belongs to (the deferred-rows file goes with it). Returns the deleted paths.
+    the weights it belongs to (the deferred-rows file goes with it). The evidence is the record verl's rank 0
+    leaves beside the folder it removed (``storage.record_removed_actor``), never the folder's absence: on a node
+    that does not see the checkpoint folder every ``actor/`` is absent. Returns the deleted paths.
     """
     removed = []
     if not os.path.isdir(root):
@@ -665,7 +668,7 @@ def prune_pool_files(root: str, current_step: int) -> list[str]:
         except ValueError:
             continue
         folder = os.path.join(root, name)
-        if step >= current_step or os.path.isdir(os.path.join(folder, "actor")):
+        if step >= current_step or not actor_removed(folder):
             continue
         for path in (os.path.join(folder, POOL_FILE_NAME), os.path.join(folder, PENDING_FILE_NAME)):
             if os.path.isfile(path):

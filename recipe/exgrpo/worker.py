@@ -27,6 +27,7 @@ from exgrpo.algorithm.selection import mean_token_entropy
 from recipe.exgrpo.loss import exgrpo_actor_loss
 from recipe.exgrpo.records import MEAN_ENTROPY_FIELD
 from recipe.exgrpo.settings import RECIPE_ONLY_KEYS, installs_exgrpo_loss, plain_section
+from recipe.exgrpo.storage import record_removed_actor
 
 # The trainer config's ``exgrpo`` section reaches the worker as ``actor_rollout_ref.exgrpo`` (an
 # interpolation in the recipe yaml): workers only receive the ``actor_rollout_ref`` subtree.
@@ -123,6 +124,22 @@ class ExGRPOActorRolloutRefWorker(ActorRolloutRefWorker):
             self.actor.set_loss_fn(self.loss_fn)
         if config.skip_step_grad_norm is not None:
             install_grad_norm_guard(self.actor.engine, config.skip_step_grad_norm)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        """verl's save; then rank 0, which removes old actor checkpoints (max_ckpt_to_keep), records each it removed.
+
+        The trainer prunes a step's pool file only on that record (``storage.record_removed_actor``). What verl
+        removed is read from its checkpoint manager's own list of kept paths, before and after the save.
+        """
+        manager = getattr(getattr(self.actor, "engine", None), "checkpoint_manager", None)
+        kept = list(getattr(manager, "previous_saved_paths", None) or [])
+        super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+        config = getattr(self, "exgrpo_config", None)
+        if manager is None or getattr(manager, "rank", None) != 0 or config is None or not config.enable:
+            return  # only rank 0 removes; without a pool there is nothing to prune
+        removed = [path for path in kept if path not in manager.previous_saved_paths]
+        record_removed_actor(removed, global_step)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def score_candidates(self, data: TensorDict) -> TensorDict | None:

@@ -206,6 +206,7 @@ def test_entry_point_prints_the_composed_job_config():
 
 
 def test_old_pool_files_are_pruned_only_where_verl_removed_the_actor_checkpoint(tmp_path):
+    from recipe.exgrpo.storage import record_removed_actor
     from recipe.exgrpo.trainer import prune_pool_files
 
     for step, has_actor in ((10, False), (20, True), (30, False)):
@@ -213,6 +214,7 @@ def test_old_pool_files_are_pruned_only_where_verl_removed_the_actor_checkpoint(
         (folder / "actor").mkdir(parents=True) if has_actor else folder.mkdir()
         (folder / "exgrpo_pool.npz").write_bytes(b"x")
         (folder / "exgrpo_pending_fresh.json").write_text("{}")
+    record_removed_actor([str(tmp_path / "global_step_10" / "actor")], step=30)  # what verl's rank 0 records
     removed = prune_pool_files(str(tmp_path), current_step=30)
     assert removed == [str(tmp_path / "global_step_10" / "exgrpo_pool.npz"),
                        str(tmp_path / "global_step_10" / "exgrpo_pending_fresh.json")]
