@@ -233,3 +233,24 @@ def test_the_script_refuses_bad_arguments_in_one_line(tmp_path):
         assert (result.returncode, result.stderr.strip()) == (2, line)
     usage = _script()
     assert usage.returncode == 2 and "bash run_scripts/eval_benchmarks.sh [--protocol paper|ours]" in usage.stdout
+
+
+def test_a_checkpoints_tokenizer_carries_the_template_the_run_trained_with(tmp_path):
+    """verl's FSDP engine saves ``model_config.get_processor()`` into ``actor/huggingface/`` (its checkpoint manager's
+    processing_class); with a ``custom_chat_template`` that is the tokenizer with the run's template, so the merged
+    folder the evaluation reads prompts the model as training did."""
+    pytest.importorskip("verl")
+    from transformers import AutoTokenizer
+    from verl.workers.config.model import HFModelConfig
+
+    from exgrpo.embedded import tiny_model
+
+    model = tmp_path / "model"
+    tokenizer = tiny_model.build_tokenizer(vllm_compatible=True)  # its own template: ChatML with <think>
+    tokenizer.save_pretrained(model)
+    tiny_model.build_model(tokenizer, tiny_model.TinyModelConfig(vllm_compatible=True, prompt_width=8)).save_pretrained(
+        model)
+    config = HFModelConfig(path=str(model), custom_chat_template=LLAMA_TEMPLATE)
+    config.get_processor().save_pretrained(tmp_path / "huggingface")
+    saved = AutoTokenizer.from_pretrained(tmp_path / "huggingface")
+    assert saved.chat_template == LLAMA_TEMPLATE != tokenizer.chat_template
