@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import copy
 import difflib
+import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -38,6 +40,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
 CONFIG_NAME = "exgrpo_trainer"
+CACHE_DIR = Path(__file__).resolve().parents[2] / "cache" / "overrides"  # the repository's cache/ (not committed)
 LAYER_FLAG = "--layer"
 _PREFIX = {OverrideType.CHANGE: "", OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++", OverrideType.DEL: "~"}
 
@@ -96,6 +99,43 @@ def compose(overrides: Sequence[str]) -> DictConfig:
     search = f"hydra.searchpath=[file://{verl_config_dir()}]"
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return hydra_compose(config_name=CONFIG_NAME, overrides=[search, *overrides])
+
+
+def _fingerprint(group_lines: Sequence[str]) -> str:
+    """What the composed base config depends on: the yaml files (path, size, mtime), the group choices, versions."""
+    digest = hashlib.sha256()
+    for name in ("hydra-core", "omegaconf"):
+        digest.update(f"{name}={importlib.metadata.version(name)}\n".encode())
+    for folder in (CONFIG_DIR, Path(verl_config_dir())):
+        for path in sorted(folder.rglob("*.yaml")):
+            stat = path.stat()
+            digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    digest.update("\0".join(group_lines).encode())
+    return digest.hexdigest()[:20]
+
+
+def base_config(group_lines: Sequence[str], cache_dir: Path | None = CACHE_DIR) -> DictConfig:
+    """The recipe config composed with the config-group choices only: what the value overrides apply to.
+
+    Composing costs most of a launch's check (~1 s of CPU on a small machine, for every launch and dry run), so the
+    result is kept in ``cache_dir`` under a fingerprint of every yaml file it reads; a changed file, verl version or
+    group choice composes afresh. ``cache_dir=None`` always composes.
+    """
+    path = None if cache_dir is None else cache_dir / f"base-{_fingerprint(group_lines)}.yaml"
+    if path is not None and path.is_file():
+        config = OmegaConf.load(path)
+        OmegaConf.set_struct(config, True)  # as hydra returns it: unknown keys refused
+        return config
+    config = compose(group_lines)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            scratch = path.with_suffix(f".{os.getpid()}.tmp")
+            OmegaConf.save(config, scratch)
+            os.replace(scratch, path)  # atomic: a concurrent launch reads the old file or the new one
+        except OSError:
+            pass  # a read-only checkout composes every time
+    return config
 
 
 def parse_layers(argv: Sequence[str]) -> list[Entry]:
@@ -253,7 +293,7 @@ def merge_layers(argv: Sequence[str]) -> list[str]:
             values.append(entry)
     group_lines = list({(e.key, e.override.package): e.override.input_line for e in groups}.values())
     try:
-        base = compose(group_lines)
+        base = base_config(group_lines)
     except (HydraException, OmegaConfBaseException) as error:
         raise OverrideError(f"config group choice {' '.join(group_lines)}: {_one_line(error)}") from None
     merged = merge(values, base)

@@ -151,3 +151,19 @@ def test_the_launcher_refuses_a_key_it_cannot_set_in_one_line_before_anything_st
             " (did you mean trainer.total_training_steps?); to add a new key, write +trainer.total_training_step=3"
         ]
         assert not (tmp_path / "ck").exists()
+
+
+def test_the_cached_base_config_equals_a_fresh_composition_and_follows_the_yaml(tmp_path):
+    """The base config is cached under a fingerprint of the yaml files it reads: the cached copy behaves as the
+    composed one (same content, unknown keys refused), and a changed group choice composes afresh."""
+    fresh = ov.compose([])
+    first = ov.base_config([], cache_dir=tmp_path)
+    cached = ov.base_config([], cache_dir=tmp_path)  # read back from the file just written
+    assert len(list(tmp_path.glob("base-*.yaml"))) == 1
+    for config in (first, cached):
+        assert OmegaConf.to_container(config, resolve=False) == OmegaConf.to_container(fresh, resolve=False)
+    assert OmegaConf.is_missing(cached.actor_rollout_ref.rollout, "name")  # ??? survives the round trip
+    with pytest.raises(ov.OverrideError, match="Could not override 'trainer.nope'"):
+        ov.check(["trainer.nope=1"], cached)
+    other = ov.base_config(["actor@actor_rollout_ref.actor=dp_actor"], cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("base-*.yaml"))) == 2 and other.actor_rollout_ref.actor.strategy == "fsdp"
