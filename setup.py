@@ -1,8 +1,11 @@
 """ExGRPO: experience-replay GRPO for LLM reasoning, as a verl 0.9.1 recipe plus a verl-free core.
 
 CPU install: ``pip install torch==2.13.0`` first (from PyTorch's CPU wheel index where PyPI would serve the CUDA
-build), then ``pip install -e .[verl,data,test]``; ``run_scripts/install_cpu.sh`` does both.
-GPU install: ``pip install -e .[gpu]`` brings the stack verl 0.9.1 pins for FSDP + vLLM (its own torch build).
+build), then ``pip install -e .[verl,data,test]``; ``run_scripts/install_cpu.sh`` does both, at the versions of
+``constraints-cpu.txt``.
+GPU install: ``run_scripts/install_gpu.sh``: torch 2.11 first, then flash-attn 2.8.3 (a prebuilt wheel, or built
+without build isolation), then ``pip install -e .[gpu]``, the stack verl 0.9.1 pins for FSDP + vLLM. ``.[gpu]`` alone
+in an empty environment cannot resolve: flash-attn's source archive imports torch in its setup.
 """
 
 from setuptools import find_packages, setup
@@ -25,7 +28,8 @@ CORE = [
 
 EXTRAS = {
     "verl": ["verl[verl-core]==0.9.1"],
-    # verl 0.9.1's own GPU pins: torch 2.11 + vLLM 0.24 + flash-attn 2.8.3 (FSDP) — GPU machines only.
+    # verl 0.9.1's own GPU pins: torch 2.11 + vLLM 0.24 + flash-attn 2.8.3 (FSDP) — GPU machines only, after torch and
+    # flash-attn are in place (run_scripts/install_gpu.sh).
     "gpu": ["verl[verl-core,vllm,fsdp]==0.9.1"],
     "data": ["datasets>=2.18"],
     "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5"],
