@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The launcher every run script sources (not run on its own). It checks the environment, then runs
-#   python -m recipe.exgrpo.main_exgrpo <reference run> <profile> [CPU profile, preset] <the script's own> <your overrides>
+#   python -m recipe.exgrpo.main_exgrpo <reference run> <profile> [CPU profile, preset] <the script's own> <yours>
 # Everything after a script's name on its command line is passed to hydra and comes last, so any setting can be
 # overridden, e.g. `bash run_scripts/qwen2.5_math_7b_exgrpo.sh trainer.total_training_steps=10`. The layers are merged
 # by hydra's own override parser (recipe/exgrpo/overrides.py): a key set twice is passed once, with its last value and
