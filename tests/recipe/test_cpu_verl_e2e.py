@@ -271,9 +271,13 @@ def test_the_evaluation_command_turns_the_twins_checkpoint_into_the_papers_table
 
 
 def test_grpo_baseline_script_twin_runs_verls_step_with_the_authors_settings(job_root):
+    """The GRPO baseline script's twin, with a user's override of a key the paper profile adds (``+...strict_format``):
+    the user's value wins and verl starts (hydra refused the doubled key before the launcher merged with its parser)."""
     run = run_job(job_root / "user", job_root / "grpo_ckpt", "grpo", "trainer.total_training_steps=2",
-                  "trainer.save_freq=2", "trainer.test_freq=2", script=PAPER_GRPO)
+                  "trainer.save_freq=2", "trainer.test_freq=2",
+                  "reward.custom_reward_function.reward_kwargs.strict_format=false", script=PAPER_GRPO)
     assert_clean_exit(run)
+    assert "'strict_format': False" in run.output and "'strict_format': True" not in run.output
     assert train_steps(run) == [1, 2]
     assert not any(k.startswith("exgrpo/") for m in run.metrics.values() for k in m)  # no pool
     assert all(run.metrics[s][SKIPPED] == 0.0 for s in (1, 2))  # the authors' guard and loss in the baseline too
