@@ -82,3 +82,22 @@ def test_level2_and_level3_cover_both_operand_orders_of_a_sum():
     sums = [QUESTION.match(p[0]["content"]).groups() for p, e in zip(train.prompt, train.extra_info, strict=True)
             if e["level"] == 2 and "+" in p[0]["content"]]
     assert any(len(a) == 1 for a, _, _ in sums) and any(len(a) == 2 for a, _, _ in sums)
+
+
+def test_a_subset_of_levels_in_words_is_the_same_draw_written_otherwise():
+    from exgrpo.embedded.task import build_splits
+
+    full_train, full_test = build_splits(20, 5, seed=3)
+    words_train, words_test = build_splits(20, 5, seed=3, form="natural", levels=(1,))
+    for full, words in ((full_train, words_train), (full_test, words_test)):
+        level1 = [row for row in full.to_dict("records") if row["extra_info"]["level"] == 1]
+        assert len(words) == len(level1) > 0
+        for compact, natural in zip(level1, words.to_dict("records"), strict=True):
+            a, op, b = compact["extra_info"]["question"][2:-1].partition("+" if "+" in compact["extra_info"][
+                "question"] else "-")
+            assert natural["prompt"][0]["content"] == f"What is {a} {op} {b}? Answer with the number only."
+            assert natural["reward_model"]["ground_truth"] == compact["reward_model"]["ground_truth"]
+    with pytest.raises(ValueError, match="question form 'verbose' is unknown"):
+        build_splits(20, 5, seed=3, form="verbose")
+    with pytest.raises(ValueError, match="levels must be a non-empty subset"):
+        build_splits(20, 5, seed=3, levels=(4,))

@@ -21,6 +21,9 @@ ONE_DIGIT, TWO_DIGITS = (0, 9), (10, 99)
 LEVEL_OPERANDS = {1: (ONE_DIGIT, ONE_DIGIT), 2: (TWO_DIGITS, ONE_DIGIT), 3: (TWO_DIGITS, TWO_DIGITS)}
 # Level 1 has only 155 distinct questions: hold out a small share, or the test split caps what RL can learn.
 LEVEL1_TEST_SHARE = 0.2
+# How a question is written: compactly for the models built here, in words for a pretrained chat model (SmolLM2 at
+# temperature 1 answers about a fifth of the level-1 questions in words, almost none written compactly).
+QUESTION_FORMS = {"compact": "Q:{a}{op}{b}=", "natural": "What is {a} {op} {b}? Answer with the number only."}
 
 
 def question_id(question: str) -> str:
@@ -49,8 +52,8 @@ def sample_pairs(level: int, n: int, rng: random.Random, taken: set[tuple[int, s
     return out
 
 
-def make_row(a: int, op: str, b: int, level: int, split: str, index: int) -> dict:
-    question = f"Q:{a}{op}{b}="
+def make_row(a: int, op: str, b: int, level: int, split: str, index: int, form: str = "compact") -> dict:
+    question = QUESTION_FORMS[form].format(a=a, op=op, b=b)
     answer = str(a + b if op == "+" else a - b)
     return {
         "data_source": DATA_SOURCE,
@@ -62,11 +65,18 @@ def make_row(a: int, op: str, b: int, level: int, split: str, index: int) -> dic
     }
 
 
-def build_splits(n_train_per_level: int, n_test_per_level: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Disjoint train/test splits; level 1 uses all its questions (80/20), levels 2-3 the requested sizes.
+def build_splits(n_train_per_level: int, n_test_per_level: int, seed: int, form: str = "compact",
+                 levels: tuple[int, ...] = (1, 2, 3)) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Disjoint train/test splits of the ``levels`` asked for; level 1 uses all its questions (80/20), levels 2-3 the
+    requested sizes. The draw is the same whatever ``form`` and ``levels`` are: a subset of levels is a subset of
+    the rows.
 
     Level 2 has 2700 distinct questions and level 3 about 12,000: keep train + test under 80 % of a level.
     """
+    if form not in QUESTION_FORMS:
+        raise ValueError(f"question form {form!r} is unknown (use one of {sorted(QUESTION_FORMS)})")
+    if not levels or set(levels) - set(LEVEL_OPERANDS):
+        raise ValueError(f"levels must be a non-empty subset of {sorted(LEVEL_OPERANDS)}, got {list(levels)}")
     for level, total in ((2, 2700), (3, 12195)):
         if n_train_per_level + n_test_per_level > 0.8 * total:
             raise ValueError(f"level {level} has {total} questions: n_train_per_level + n_test_per_level "
@@ -88,15 +98,16 @@ def build_splits(n_train_per_level: int, n_test_per_level: int, seed: int) -> tu
     frames = {}
     for split, items in splits.items():
         rng.shuffle(items)
-        frames[split] = pd.DataFrame([make_row(*p, level, split, i) for i, (p, level) in enumerate(items)])
+        kept = [(p, level) for p, level in items if level in levels]
+        frames[split] = pd.DataFrame([make_row(*p, level, split, i, form) for i, (p, level) in enumerate(kept)])
     return frames["train"], frames["test"]
 
 
 def write_splits(out_dir: str | Path, n_train_per_level: int = 1500, n_test_per_level: int = 300,
-                 seed: int = 0) -> tuple[Path, Path]:
+                 seed: int = 0, form: str = "compact", levels: tuple[int, ...] = (1, 2, 3)) -> tuple[Path, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train, test = build_splits(n_train_per_level, n_test_per_level, seed)
+    train, test = build_splits(n_train_per_level, n_test_per_level, seed, form, levels)
     paths = out / "train.parquet", out / "test.parquet"
     train.to_parquet(paths[0], index=False)
     test.to_parquet(paths[1], index=False)
