@@ -31,6 +31,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from exgrpo.verifier.grading import closing_brace
+
 BOX = "\\boxed"
 
 
@@ -42,19 +44,11 @@ def last_boxed(text: str) -> str | None:
     ``\\boxed{`` ... ``}``, so ``\\boxed {5}`` (a space) and an unclosed box give None, as in the authors' grader.
     """
     start = text.rfind(BOX)
-    if start < 0:
+    end = closing_brace(text, start) if start >= 0 else None
+    if end is None:
         return None
-    depth = 0
-    for pos in range(start, len(text)):
-        char = text[pos]
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                span = text[start: pos + 1]
-                return span[len(BOX) + 1: -1] if span.startswith(BOX + "{") else None
-    return None
+    span = text[start: end + 1]
+    return span[len(BOX) + 1: -1] if span.startswith(BOX + "{") else None
 
 
 # ----------------------------------------------------------------------------------------------- the MATH normaliser

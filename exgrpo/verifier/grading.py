@@ -102,21 +102,27 @@ _TEXT_LABEL_RE = re.compile(
 )
 
 
+def closing_brace(text: str, start: int, stop: int | None = None, depth: int = 0) -> int | None:
+    """The position of the ``}`` at which the braces counted from ``text[start]`` on (``depth`` already open) are all
+    closed, or None if that does not happen before ``stop``."""
+    for pos in range(start, len(text) if stop is None else min(stop, len(text))):
+        char = text[pos]
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return pos
+    return None
+
+
 def _boxed_contents(text: str, max_inner: int = 400) -> list[str]:
     """Contents of every ``\\boxed{...}`` (balanced braces, bounded scan so 100 kB of braces stays linear)."""
     found = []
     for match in _BOXED_RE.finditer(text):
-        depth, start = 1, match.end()
-        stop = min(len(text), start + max_inner)
-        for pos in range(start, stop):
-            char = text[pos]
-            if char == "{":
-                depth += 1
-            elif char == "}":
-                depth -= 1
-                if depth == 0:
-                    found.append(text[start:pos])
-                    break
+        end = closing_brace(text, match.end(), match.end() + max_inner, depth=1)
+        if end is not None:
+            found.append(text[match.end():end])
     return found
 
 
