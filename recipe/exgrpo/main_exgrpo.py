@@ -39,12 +39,14 @@ class ExGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
         OmegaConf.resolve(config)
         self.config = config
         # ExGRPO: every node sees the driver's checkpoint folder and model, before anything is started or written
-        check_every_node(config.trainer.default_local_dir, config.actor_rollout_ref.model.path)
+        nodes = check_every_node(config.trainer.default_local_dir, config.actor_rollout_ref.model.path)
+        if nodes:
+            print(f"[exgrpo] storage check: {nodes} Ray node(s) see the checkpoint folder and the model", flush=True)
 
         tq.init(config.transfer_queue)
         succeeded = False
         try:
-            self.trainer = ExGRPOTrainer(config=config)  # ExGRPO: the one line that differs from TaskRunnerV1.run
+            self.trainer = ExGRPOTrainer(config=config)  # ExGRPO: the trainer class (and the check above)
             self.trainer.init()
             self.init_agent_loop_manager()
             self.trainer.fit(self.agent_loop_manager)
