@@ -257,6 +257,7 @@ def test_a_checkpoint_folder_a_node_resolves_elsewhere_stops_start_up_in_one_lin
     assert match and match.group(1) in node_dirs, errors[0]
     assert match.group(2) in {node["id"][:8] for node in cluster.alive_nodes()}
     assert "Traceback" not in result.stderr and took < 300, took
+    print(f"[multinode] refused in {took:.0f} s: {errors[0]}")
 
 
 def test_two_nodes_train_replay_checkpoint_and_resume_after_a_worker_node_and_the_whole_cluster_die(cluster,
