@@ -10,15 +10,19 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
   # shellcheck disable=SC1091
   . "$_root/.venv/bin/activate"
 fi
-_check="import verl, hypothesis, pytest, math_verify, tokenizers"
+# What must be installed, read from the distributions' metadata: importing verl and vLLM only to check they are
+# there cost ~8 s at every launch.
+_check="verl hypothesis pytest math-verify tokenizers exgrpo"
 _install_args=()
 if [ "${EXGRPO_WITH_VLLM:-0}" = 1 ]; then
-  # verl finds vLLM through the "vllm" distribution metadata that install_cpu.sh --vllm registers
-  _check="$_check, vllm; import importlib.metadata as m; m.version('vllm')"
+  _check="$_check vllm"  # verl finds vLLM through the "vllm" distribution metadata that install_cpu.sh --vllm registers
   _install_args=(--vllm)
 fi
-if ! python -c "$_check" 2>/dev/null || ! python -m pip show -q exgrpo >/dev/null 2>&1; then
-  echo "[exgrpo] installing the CPU environment (torch 2.13.0 CPU, verl 0.9.1${_install_args[*]:+, vLLM CPU}, test tools) ..."
+# shellcheck disable=SC2086
+if ! python -c 'import sys, importlib.metadata as m; [m.version(name) for name in sys.argv[1:]]' $_check 2>/dev/null
+then
+  echo "[exgrpo] installing the CPU environment" \
+    "(torch 2.13.0 CPU, verl 0.9.1${_install_args[*]:+, vLLM CPU}, test tools) ..."
   bash "$_root/run_scripts/install_cpu.sh" ${_install_args[@]+"${_install_args[@]}"}
 fi
 unset _check _install_args

@@ -1,13 +1,76 @@
-"""Shared test helpers: where the project's read-only benchmark data lives, and whether verl is importable."""
+"""Shared test helpers: where the project's read-only benchmark data lives, and the CPU twins' model.
+
+verl's end-to-end launches train the twins' warm-started tiny model, which a fresh checkout builds first (~4 min of
+supervised steps on two cores). The launches run last, and the model is built in the background from the start of
+the session: the rest of the suite mostly keeps one core busy, so the build costs little wall time beside it.
+"""
 
 from __future__ import annotations
 
+import importlib.metadata
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_BENCHMARKS = REPO.parent / "shared" / "data" / "benchmarks"
+TWIN_ROOT = REPO / "cache" / "verl_cpu"
+TWIN_BUILD_LOG = TWIN_ROOT / "build.log"
+TWIN_TASK_FILES = (TWIN_ROOT / "task" / "train.parquet", TWIN_ROOT / "task" / "val_balanced.parquet")
+# Modules whose verl launches use the twins' model (their fixtures wait for it through ``twin_assets_built``).
+TWIN_LAUNCH_MODULES = {"test_cpu_verl_e2e.py", "test_cpu_verl_crash.py", "test_multinode.py", "test_real_model.py"}
+TWIN_BUILD_TIMEOUT_S = 1800
+
+
+def _vllm_cpu_build_installed() -> bool:
+    try:
+        return "cpu" in importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def _start_twin_build() -> subprocess.Popen:
+    TWIN_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(TWIN_BUILD_LOG, "w") as log:  # the child keeps its own handle
+        return subprocess.Popen([sys.executable, "-m", "exgrpo.embedded.twin_assets", "--root", str(TWIN_ROOT)],
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection: only the selected launches count
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    late = [item for item in items if item.path.name in TWIN_LAUNCH_MODULES]
+    if not late or config.option.collectonly or not _vllm_cpu_build_installed():
+        return
+    items[:] = [item for item in items if item.path.name not in TWIN_LAUNCH_MODULES] + late
+    config.exgrpo_twin_build = build = _start_twin_build()
+    # The task files come first, within seconds: tests that only read them find them from the start.
+    deadline = time.monotonic() + 300
+    while build.poll() is None and not all(p.exists() for p in TWIN_TASK_FILES) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    build = getattr(config, "exgrpo_twin_build", None)
+    if build is not None and build.poll() is None:  # the session ended early: a killed build is redone next time
+        build.kill()
+        build.wait()
+
+
+@pytest.fixture(scope="session")
+def twin_assets_built(request: pytest.FixtureRequest) -> Path:
+    """The twins' task and model under cache/verl_cpu, built (or found) outside every launch's time limit."""
+    build = getattr(request.config, "exgrpo_twin_build", None) or _start_twin_build()
+    try:
+        code = build.wait(timeout=TWIN_BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        build.kill()
+        pytest.fail(f"building the twins' model took over {TWIN_BUILD_TIMEOUT_S} s (log: {TWIN_BUILD_LOG})")
+    if code != 0:
+        pytest.fail(f"building the twins' model failed (exit {code}):\n{TWIN_BUILD_LOG.read_text()[-4000:]}")
+    return TWIN_ROOT
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@ warm-started model's key) untouched, and the runner reading the twin's model and
 
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 import pytest
 
@@ -76,3 +78,34 @@ def test_runner_reads_the_twins_files_as_the_prompts_the_twins_model_was_warm_st
     assert runner_prompts == assets.render_prompts(tokenizer, frame["prompt"], None)
     assert assets.prompt_width(tokenizer, runner_prompts) == 29
     assert all(p.endswith("<|im_start|>assistant\n<think>\n") for p in runner_prompts[:5])
+
+
+def test_a_repeated_request_prints_the_remembered_assignments_until_a_file_or_the_request_changes(
+        tmp_path, capsys, monkeypatch):
+    built = []
+    real_build = assets.build
+
+    def counting_build(*args, **kwargs):
+        built.append(args)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(assets, "build", counting_build)
+
+    def run(*extra: str) -> str:
+        assets.main(["--root", str(tmp_path), "--data-only", *extra])
+        return capsys.readouterr().out
+
+    first = run()
+    assert len(built) == 1 and "TRAIN_FILE=" in first and "VAL_FILE=" in first
+    assert run() == first and len(built) == 1  # remembered: nothing rebuilt, the same assignments
+    train = tmp_path / "task" / "train.parquet"
+    stat = train.stat()
+    os.utime(train, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # the file was replaced
+    assert run() == first and len(built) == 2
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[-1]['content'] }}")
+    run("--chat-template", str(template))  # another request: its own entry, the first one kept
+    assert len(built) == 3
+    assert run() == first and len(built) == 3
+    (tmp_path / assets.MEMO_NAME).write_text("{not json")
+    assert run() == first and len(built) == 4  # an unreadable memo is a miss, never an error

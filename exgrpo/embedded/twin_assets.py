@@ -2,9 +2,10 @@
 
 verl loads a model folder and parquet files by path; on a machine without hub access both are built here, once,
 and reused: the synthetic arithmetic task in verl's parquet layout (``exgrpo/embedded/task.py``) with a
-level-balanced validation split (31 questions per level), and a tiny Qwen2 that vLLM's CPU backend can serve (head size 32, a byte-level vocabulary
-with the chat formats' control tokens) warm-started on the prompts of the chat template the script uses, answering
-in the thought-then-answer form (``23+58=81</think>\\boxed{81}``), until about half of its greedy answers are right.
+level-balanced validation split (31 questions per level), and a tiny Qwen2 that vLLM's CPU backend can serve (head
+size 32, a byte-level vocabulary with the chat formats' control tokens) warm-started on the prompts of the chat
+template the script uses, answering in the thought-then-answer form (``23+58=81</think>\\boxed{81}``), until about
+half of its greedy answers are right.
 At temperature 1 its rollouts are then mixed (0 < k < K correct in many groups), also under the authors' strict
 grading, and their accuracy crosses the delayed-start threshold within the first steps, so replay starts through
 the real rule.
@@ -21,16 +22,19 @@ launcher (``MODEL_PATH=...``, ``TRAIN_FILE=...``, ``VAL_FILE=...``, ``MAX_PROMPT
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import random
 import re
 import shlex
 import sys
 from collections.abc import Sequence
+from importlib import metadata, util
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from exgrpo.embedded import tiny_model as tm
+if TYPE_CHECKING:
+    import pandas as pd
 
 # The training split is build_splits(1500, 16, seed): its training prompts name the cached warm-started model
 # (tiny_model.cache_key hashes them), so the 16 held-out questions per level of levels 2 and 3 stay what they were.
@@ -47,6 +51,12 @@ QUESTION_WIDTH = 8  # "Q:23+58=", the longest question
 # Positions the twin's model accepts: enough for the real benchmarks' prompts in bytes (the longest of the authors'
 # files renders to ~5.2k) plus a short answer, so the evaluation command can run a twin's checkpoint on them.
 CONTEXT_LENGTH = 8192
+# What earlier commands printed, each under a fingerprint of what it depends on: a launch that finds everything built
+# prints it again without importing torch and transformers (~7 s of every launch otherwise).
+MEMO_NAME = "assets_memo.json"
+_MEMO_SOURCES = ("exgrpo.embedded.twin_assets", "exgrpo.embedded.tiny_model", "exgrpo.embedded.task",
+                 "exgrpo.embedded.chat_templates")
+_MEMO_LIBRARIES = ("transformers", "tokenizers", "jinja2", "torch", "pandas")
 
 
 def fixed_width(frame: pd.DataFrame) -> pd.DataFrame:
@@ -77,6 +87,8 @@ def balanced_validation(train: pd.DataFrame, held_out: pd.DataFrame, seed: int,
     Extra questions come from their own seeded stream, so the training split (and with it the model's cache key) is
     the one ``build_splits`` gives; a level that already holds ``per_level`` keeps its first ``per_level``.
     """
+    import pandas as pd
+
     from exgrpo.embedded.task import make_row, sample_pairs
 
     taken = operands(train) | operands(held_out)
@@ -113,6 +125,9 @@ def build(root: str | Path, seed: int = 0, warm_start_target_acc: float = WARM_S
     One model per rendered prompt form: a template that renders the model's own prompts (qwen_think.jinja) reuses
     its warm start. ``data_only`` skips the model (a run that brings its own).
     """
+    import pandas as pd
+
+    from exgrpo.embedded import tiny_model as tm
     from exgrpo.embedded.task import build_splits
 
     root = Path(root)
@@ -134,11 +149,65 @@ def build(root: str | Path, seed: int = 0, warm_start_target_acc: float = WARM_S
     frame = pd.read_parquet(train_file)
     prompts = render_prompts(tokenizer, frame["prompt"], chat_template)
     answers = [str(rm["ground_truth"]) for rm in frame["reward_model"]]
-    cfg = tm.TinyModelConfig(vllm_compatible=True, thought_then_answer=True, prompt_width=prompt_width(tokenizer, prompts),
-                             context_length=CONTEXT_LENGTH, warm_start_target_acc=warm_start_target_acc, seed=seed)
+    cfg = tm.TinyModelConfig(vllm_compatible=True, thought_then_answer=True,
+                             prompt_width=prompt_width(tokenizer, prompts), context_length=CONTEXT_LENGTH,
+                             warm_start_target_acc=warm_start_target_acc, seed=seed)
     _, _, model_path = tm.load_or_build(root / "models", prompts, answers, cfg, progress=progress)
     return {"MODEL_PATH": model_path.resolve(), **out, "MAX_PROMPT_LENGTH": cfg.prompt_width,
             "MAX_RESPONSE_LENGTH": cfg.max_response_tokens}
+
+
+def request_fingerprint(request: dict[str, object]) -> str:
+    """The request (root, seed, target, template text, data only), the source of the code that builds the assets
+    and the versions of the libraries that render and tokenize the prompts the model's cache key hashes."""
+    digest = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode())
+    for module in _MEMO_SOURCES:
+        digest.update(Path(util.find_spec(module).origin).read_bytes())
+    for library in _MEMO_LIBRARIES:
+        try:
+            digest.update(f"{library}=={metadata.version(library)}".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{library} absent".encode())
+    return digest.hexdigest()
+
+
+def _file_stamps(values: dict[str, object]) -> dict[str, list[int]]:
+    """Size and modification time of every file the assignments name (the model by its completion record)."""
+    files = {name: Path(str(value)) for name, value in values.items() if name.endswith("_FILE")}
+    if "MODEL_PATH" in values:
+        files["MODEL_PATH"] = Path(str(values["MODEL_PATH"])) / "warm_start.json"
+    stamps = {}
+    for name, path in files.items():
+        stat = path.stat()
+        stamps[name] = [stat.st_size, stat.st_mtime_ns]
+    return stamps
+
+
+def _read_memo(root: Path) -> dict:
+    try:
+        memo = json.loads((root / MEMO_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return memo if isinstance(memo, dict) else {}
+
+
+def remembered(root: Path, fingerprint: str) -> dict[str, object] | None:
+    """The assignments of an earlier identical request, if every file they name is still the one it was."""
+    try:
+        entry = _read_memo(root)[fingerprint]
+        return entry["values"] if _file_stamps(entry["values"]) == entry["stamps"] else None
+    except (OSError, KeyError, TypeError):
+        return None
+
+
+def remember(root: Path, fingerprint: str, values: dict[str, object]) -> None:
+    """Add this request's assignments to the memo (one entry per request: the scripts' templates differ)."""
+    values = {name: str(value) if isinstance(value, Path) else value for name, value in values.items()}
+    memo = {key: entry for key, entry in _read_memo(root).items() if key != fingerprint}
+    memo = dict(list(memo.items())[-15:]) | {fingerprint: {"values": values, "stamps": _file_stamps(values)}}
+    temporary = root / f"{MEMO_NAME}.{random.getrandbits(32):08x}.tmp"
+    temporary.write_text(json.dumps(memo, indent=1))
+    temporary.replace(root / MEMO_NAME)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -151,13 +220,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--data-only", action="store_true", help="only the task files (the run brings a model)")
     args = parser.parse_args(argv)
     template = Path(args.chat_template).read_text() if args.chat_template else None
-    stdout = sys.stdout
-    sys.stdout = sys.stderr  # progress bars and library output must not end up in the assignments
-    try:
-        print(f"[twin_assets] synthetic task and tiny model under {args.root} (built once, ~3 min)")
-        values = build(args.root, args.seed, args.warm_start_target_acc, template, args.data_only)
-    finally:
-        sys.stdout = stdout
+    root = Path(args.root)
+    fingerprint = request_fingerprint({"root": root.resolve(), "seed": args.seed, "data_only": args.data_only,
+                                       "target": args.warm_start_target_acc, "template": template})
+    values = remembered(root, fingerprint)
+    if values is None:
+        stdout = sys.stdout
+        sys.stdout = sys.stderr  # progress bars and library output must not end up in the assignments
+        try:
+            print(f"[twin_assets] synthetic task and tiny model under {args.root} (built once, ~4 min)")
+            values = build(root, args.seed, args.warm_start_target_acc, template, args.data_only)
+        finally:
+            sys.stdout = stdout
+        remember(root, fingerprint, values)
     for name, value in values.items():
         print(f"{name}={shlex.quote(str(value))}")
 

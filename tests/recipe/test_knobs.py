@@ -206,6 +206,41 @@ def test_exgrpo_knobs_arrive_in_the_trainers_and_the_workers_settings(knob_run, 
         assert settings.max_stored_tokens == 1_000_000
 
 
+def test_the_grpo_baseline_script_builds_the_authors_loss_and_guard_without_replay(tmp_path, tiny_model_dir,
+                                                                                   cpu_engine_env):
+    """The baseline script (exgrpo.enable=false under the paper profile) is the same program minus replay: the worker
+    verl builds from it trains with the authors' loss (replay off) behind the grad-norm guard, and a user's value for
+    the profile's +strict_format key reaches the reward verl loads."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    from recipe.exgrpo.main_exgrpo import prepare_exgrpo_config
+    from recipe.exgrpo.settings import load_settings
+
+    (tmp_path / "data").mkdir()
+    for name in ("openr1.parquet", "openr1_valid.parquet"):
+        one_row_parquet(tmp_path / "data" / name)
+    env = {"MODEL_PATH": str(tiny_model_dir), "MAX_PROMPT_LENGTH": "64", "MAX_RESPONSE_LENGTH": "128",
+           "DRY_RUN": "1"}
+    strict_off = "reward.custom_reward_function.reward_kwargs.strict_format=false"
+    result = run_script("qwen2.5_math_7b_grpo.sh", env, strict_off, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    config = compose_config(lines)
+    prepare_exgrpo_config(config)
+    core, _ = load_settings(config)
+    assert not core.enable and core.skip_step_grad_norm is not None
+    reward = get_custom_reward_fn(config)
+    assert reward(data_source="openr1", solution_str="so \\boxed{4}", ground_truth="4", extra_info={})["score"] == 1.0
+    engine_config = compose_config([*lines, *CPU_ENGINE])
+    prepare_exgrpo_config(engine_config)
+    worker = build_actor_worker(engine_config, enable_exgrpo=False)
+    loss = worker.loss_fn
+    assert worker.actor.loss_fn is loss and loss.func.__name__ == "exgrpo_actor_loss"
+    assert loss.keywords["replay"] is False and loss.keywords["entropy_agg"] == core.entropy_agg
+    assert "optimizer_step" in vars(worker.actor.engine)  # the guard wraps the engine's step
+    assert worker.exgrpo_config.skip_step_grad_norm == core.skip_step_grad_norm
+
+
 def test_grad_clip_is_refused_with_the_key_to_use(tmp_path, tiny_model_dir):
     """verl 0.9.1's engine clips at optim.clip_grad; actor.grad_clip is read by nothing."""
     from recipe.exgrpo.main_exgrpo import prepare_exgrpo_config
