@@ -114,3 +114,49 @@ def reference_response_outputs(model, pairs):
     return log_probs, entropies
 
 
+
+
+# The bare entry point on the tiny model and a 4-question dataset, one rank: what verl needs before it asks for GPUs.
+ENTRY_POINT_BASICS = [
+    "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.name=vllm",
+    "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+]
+
+
+def entry_point_command(model, train, val, *overrides: str) -> list[str]:
+    """``python -m recipe.exgrpo.main_exgrpo`` with the model, the data files and ``ENTRY_POINT_BASICS``."""
+    import sys
+
+    return [sys.executable, "-m", "recipe.exgrpo.main_exgrpo", f"actor_rollout_ref.model.path={model}",
+            f"data.train_files={train}", f"data.val_files={val}", *ENTRY_POINT_BASICS, *overrides]
+
+
+def train_mini_batch_at_zero_lr(actor_worker, td: TensorDict, rows: int) -> dict:
+    """One ``train_mini_batch`` of the shared worker over ``td`` (``rows`` sequences, micro-batches of 2, unshuffled)
+    with the learning rate at 0, so its weights stay as they are for the other tests; the step's metrics reduced as
+    PPOTrainer._update_actor and then ExGRPOTrainer._update_actor do."""
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.metric import reduce_metrics
+    from verl.utils.py_functional import rename_dict
+
+    from recipe.exgrpo.loss import finish_replay_metrics
+
+    tu.assign_non_tensor(
+        td, mini_batch_size=rows, epochs=1, seed=0, dataloader_kwargs={"shuffle": False},
+        global_batch_size=rows, temperature=1.0, calculate_entropy=False, use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=2, use_remove_padding=False, use_fused_kernels=False,
+    )
+    optimizer = actor_worker.actor.engine.optimizer
+    saved_lr = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    try:
+        output = actor_worker.actor.train_mini_batch(td)
+    finally:
+        for group, lr in zip(optimizer.param_groups, saved_lr, strict=True):
+            group["lr"] = lr
+    metrics = reduce_metrics(rename_dict(output["metrics"], "actor/"))
+    finish_replay_metrics(metrics)
+    return metrics

@@ -24,6 +24,7 @@ from recipe_helpers import (  # noqa: E402
     reference_model,
     reference_response_outputs,
     sequence_batch,
+    train_mini_batch_at_zero_lr,
 )
 
 from exgrpo.algorithm.objective import LOSS_AGG_MODES, exgrpo_policy_loss  # noqa: E402
@@ -155,12 +156,6 @@ def test_replay_metrics_of_an_update_are_means_over_its_replayed_tokens(actor_wo
     rows of 4, 6 and 2 tokens. verl's update path (per-micro-batch Metric, dp gather, aggregate_dp, the trainer's
     rename + reduce_metrics) and the recipe's finishing step must give the plain mean over the 12 replayed tokens,
     not a mean of per-micro-batch means with the empty one as 0."""
-    from verl.utils import tensordict_utils as tu
-    from verl.utils.metric import reduce_metrics
-    from verl.utils.py_functional import rename_dict
-
-    from recipe.exgrpo.loss import finish_replay_metrics
-
     pairs = PAIRS + [([1, 9], [30, 31, 32, 33, 34, 2]), ([1, 8, 8], [40, 2])]
     is_replay = [1, 0, 0, 0, 1, 1]
     gen = torch.Generator().manual_seed(1)
@@ -185,22 +180,7 @@ def test_replay_metrics_of_an_update_are_means_over_its_replayed_tokens(actor_wo
         "actor/exgrpo/replay_token_share": 12 / sum(lengths),
     }
 
-    tu.assign_non_tensor(
-        td, mini_batch_size=len(pairs), epochs=1, seed=0, dataloader_kwargs={"shuffle": False},
-        global_batch_size=len(pairs), temperature=1.0, calculate_entropy=False, use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=2, use_remove_padding=False, use_fused_kernels=False,
-    )
-    optimizer = actor_worker.actor.engine.optimizer
-    saved_lr = [group["lr"] for group in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] = 0.0  # the shared worker's weights stay as they are for the other tests
-    try:
-        output = actor_worker.actor.train_mini_batch(td)
-    finally:
-        for group, lr in zip(optimizer.param_groups, saved_lr, strict=True):
-            group["lr"] = lr
-    metrics = reduce_metrics(rename_dict(output["metrics"], "actor/"))  # as PPOTrainer._update_actor does
-    finish_replay_metrics(metrics)
+    metrics = train_mini_batch_at_zero_lr(actor_worker, td, len(pairs))
     for name, value in expected.items():
         assert metrics[name] == pytest.approx(value, rel=1e-4), name
     assert not any(key.endswith(("_sum", "_tokens")) for key in metrics if key.startswith("actor/exgrpo/"))

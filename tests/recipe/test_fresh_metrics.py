@@ -9,7 +9,13 @@ import pytest
 pytest.importorskip("verl")
 
 import torch  # noqa: E402
-from recipe_helpers import nested, reference_model, reference_response_outputs, sequence_batch  # noqa: E402
+from recipe_helpers import (  # noqa: E402
+    nested,
+    reference_model,
+    reference_response_outputs,
+    sequence_batch,
+    train_mini_batch_at_zero_lr,
+)
 
 from recipe.exgrpo.records import IS_REPLAY_FIELD, PAST_LOG_PROBS_FIELD  # noqa: E402
 
@@ -21,12 +27,6 @@ IS_REPLAY = [0, 0, 0, 1, 1, 1]
 
 
 def test_fresh_statistics_of_an_update_are_means_over_its_fresh_tokens(actor_worker, tiny_model_dir):
-    from verl.utils import tensordict_utils as tu
-    from verl.utils.metric import reduce_metrics
-    from verl.utils.py_functional import rename_dict
-
-    from recipe.exgrpo.loss import finish_replay_metrics
-
     gen = torch.Generator().manual_seed(5)
     lengths = [len(r) for _, r in PAIRS]
     td = sequence_batch(PAIRS)
@@ -55,22 +55,7 @@ def test_fresh_statistics_of_an_update_are_means_over_its_fresh_tokens(actor_wor
     per_micro = [float((-log_ratio[:8]).mean()), float((-log_ratio[8:]).mean()), 0.0]
     assert abs(sum(per_micro) / 3 - expected["actor/ppo_kl"]) > 1e-3
 
-    tu.assign_non_tensor(
-        td, mini_batch_size=len(PAIRS), epochs=1, seed=0, dataloader_kwargs={"shuffle": False},
-        global_batch_size=len(PAIRS), temperature=1.0, calculate_entropy=False, use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=2, use_remove_padding=False, use_fused_kernels=False,
-    )
-    optimizer = actor_worker.actor.engine.optimizer
-    saved_lr = [group["lr"] for group in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] = 0.0  # the shared worker's weights stay as they are for the other tests
-    try:
-        output = actor_worker.actor.train_mini_batch(td)
-    finally:
-        for group, lr in zip(optimizer.param_groups, saved_lr, strict=True):
-            group["lr"] = lr
-    metrics = reduce_metrics(rename_dict(output["metrics"], "actor/"))  # as PPOTrainer._update_actor does
-    finish_replay_metrics(metrics)  # as ExGRPOTrainer._update_actor does
+    metrics = train_mini_batch_at_zero_lr(actor_worker, td, len(PAIRS))
     for name, value in expected.items():
         assert metrics[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
     assert not any("fresh_sum" in key or key.endswith("fresh_tokens") for key in metrics)

@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("verl")
 
-from recipe_helpers import REPO, compose_config  # noqa: E402
+from recipe_helpers import REPO, compose_config, entry_point_command  # noqa: E402
 
 from recipe.exgrpo.storage import (  # noqa: E402
     MARKER_NAME,
@@ -116,17 +115,8 @@ def test_an_unwritable_checkpoint_folder_stops_the_entry_point_in_one_line_befor
     (tmp_path / "a_file").write_text("")
     folder = tmp_path / "a_file" / "ckpt"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "EXGRPO_DEBUG")}
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "recipe.exgrpo.main_exgrpo",
-            f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", f"data.val_files={val}",
-            "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.name=vllm",
-            "trainer.n_gpus_per_node=1", "trainer.nnodes=1", f"trainer.default_local_dir={folder}",
-        ],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )
+    result = subprocess.run(entry_point_command(model, train, val, f"trainer.default_local_dir={folder}"),
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     ours = [line for line in result.stderr.splitlines() if line.startswith("error:")]  # the rest: verl's warnings
     assert len(ours) == 1 and ours[0].startswith(
