@@ -5,6 +5,7 @@ Kept out of conftest.py so test modules import them by a unique module name.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -114,8 +115,6 @@ def reference_response_outputs(model, pairs):
     return log_probs, entropies
 
 
-
-
 # The bare entry point on the tiny model and a 4-question dataset, one rank: what verl needs before it asks for GPUs.
 ENTRY_POINT_BASICS = [
     "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
@@ -127,8 +126,6 @@ ENTRY_POINT_BASICS = [
 
 def entry_point_command(model, train, val, *overrides: str) -> list[str]:
     """``python -m recipe.exgrpo.main_exgrpo`` with the model, the data files and ``ENTRY_POINT_BASICS``."""
-    import sys
-
     return [sys.executable, "-m", "recipe.exgrpo.main_exgrpo", f"actor_rollout_ref.model.path={model}",
             f"data.train_files={train}", f"data.val_files={val}", *ENTRY_POINT_BASICS, *overrides]
 
@@ -151,7 +148,7 @@ def train_mini_batch_at_zero_lr(actor_worker, td: TensorDict, rows: int) -> dict
     optimizer = actor_worker.actor.engine.optimizer
     saved_lr = [group["lr"] for group in optimizer.param_groups]
     for group in optimizer.param_groups:
-        group["lr"] = 0.0
+        group["lr"] = 0.0  # the shared worker's weights stay as they are for the other tests
     try:
         output = actor_worker.actor.train_mini_batch(td)
     finally:

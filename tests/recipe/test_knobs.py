@@ -43,8 +43,9 @@ ENV = {
     "PYTHONPATH": "/opt/knobs",    # prepended with the repository for the Ray workers
 }
 # Hydra switches docs/differences.md and docs/gpu.md name, each set to the other side of the paper profile.
+STRICT_OFF = "reward.custom_reward_function.reward_kwargs.strict_format=false"  # the paper profile adds this key
 SWITCHES = [
-    "reward.custom_reward_function.reward_kwargs.strict_format=false",
+    STRICT_OFF,
     "exgrpo.clip_fresh_after_start=true",
     "actor_rollout_ref.actor.clip_ratio_c=2.5",
     "exgrpo.loss_horizon=4096",
@@ -206,6 +207,16 @@ def test_exgrpo_knobs_arrive_in_the_trainers_and_the_workers_settings(knob_run, 
         assert settings.max_stored_tokens == 1_000_000
 
 
+def dry_run_folder(root: Path, tiny_model_dir: Path) -> dict[str, str]:
+    """``root/data`` with the scripts' default training and validation files (one row each), and the environment of
+    a dry run over it on the tiny model."""
+    (root / "data").mkdir()
+    for name in ("openr1.parquet", "openr1_valid.parquet"):
+        one_row_parquet(root / "data" / name)
+    return {"MODEL_PATH": str(tiny_model_dir), "MAX_PROMPT_LENGTH": "64", "MAX_RESPONSE_LENGTH": "128",
+            "DRY_RUN": "1"}
+
+
 def test_the_grpo_baseline_script_builds_the_authors_loss_and_guard_without_replay(tmp_path, tiny_model_dir,
                                                                                    cpu_engine_env):
     """The baseline script (exgrpo.enable=false under the paper profile) is the same program minus replay: the worker
@@ -216,13 +227,8 @@ def test_the_grpo_baseline_script_builds_the_authors_loss_and_guard_without_repl
     from recipe.exgrpo.main_exgrpo import prepare_exgrpo_config
     from recipe.exgrpo.settings import load_settings
 
-    (tmp_path / "data").mkdir()
-    for name in ("openr1.parquet", "openr1_valid.parquet"):
-        one_row_parquet(tmp_path / "data" / name)
-    env = {"MODEL_PATH": str(tiny_model_dir), "MAX_PROMPT_LENGTH": "64", "MAX_RESPONSE_LENGTH": "128",
-           "DRY_RUN": "1"}
-    strict_off = "reward.custom_reward_function.reward_kwargs.strict_format=false"
-    result = run_script("qwen2.5_math_7b_grpo.sh", env, strict_off, cwd=tmp_path)
+    env = dry_run_folder(tmp_path, tiny_model_dir)
+    result = run_script("qwen2.5_math_7b_grpo.sh", env, STRICT_OFF, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     config = compose_config(lines)
@@ -245,11 +251,7 @@ def test_grad_clip_is_refused_with_the_key_to_use(tmp_path, tiny_model_dir):
     """verl 0.9.1's engine clips at optim.clip_grad; actor.grad_clip is read by nothing."""
     from recipe.exgrpo.main_exgrpo import prepare_exgrpo_config
 
-    (tmp_path / "data").mkdir()
-    for name in ("openr1.parquet", "openr1_valid.parquet"):
-        one_row_parquet(tmp_path / "data" / name)
-    env = {"MODEL_PATH": str(tiny_model_dir), "MAX_PROMPT_LENGTH": "64", "MAX_RESPONSE_LENGTH": "128",
-           "DRY_RUN": "1"}
+    env = dry_run_folder(tmp_path, tiny_model_dir)
     result = run_script(SCRIPT, env, "actor_rollout_ref.actor.grad_clip=0.5", cwd=tmp_path)
     with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.grad_clip=0.5 is not read by verl 0.9.1's engine, "
                                          r"which clips at actor_rollout_ref.actor.optim.clip_grad=1.0; set "
@@ -329,6 +331,6 @@ def test_the_tables_here_name_only_real_keys():
     config = compose_config([])
     for switch in SWITCHES:
         key = switch.split("=", 1)[0]
-        if key != "reward.custom_reward_function.reward_kwargs.strict_format":  # the paper profile adds it
+        if switch != STRICT_OFF:  # the paper profile adds it
             assert OmegaConf.select(config, key, default="<absent>") != "<absent>", key
     assert Path(REPO / "run_scripts" / SCRIPT).is_file()
