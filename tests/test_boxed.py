@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exgrpo import verifier
-from exgrpo.verifier import boxed
+from exgrpo.verifier import boxed, shared
 
 # (graded text, ground truth, data_source, paper grade, our grade, why they agree or part)
 HAND_WRITTEN = [
@@ -130,3 +130,55 @@ def test_a_list_of_ground_truths_accepts_any_and_a_number_is_compared_as_text():
 def test_an_unknown_grader_is_a_zero_with_its_name():
     result = verifier.compute_score("math", "\\boxed{1}", "1", grader="strict")
     assert result["score"] == 0.0 and "grader 'strict' is unknown" in result["error"]
+
+
+# ----------------------------------------------------------------------------------------------- the shared scanner
+@pytest.mark.parametrize(
+    ("text", "start", "stop", "depth", "end"),
+    [
+        ("{a{b}c}d", 0, None, 0, 6),  # the outer brace closes at 6, not the inner one at 4
+        ("a{b}c}d", 0, None, 1, 5),  # one already open: the first unmatched } closes it
+        ("{a{b}c}d", 0, 5, 0, None),  # not closed before stop
+        ("{{}", 0, None, 0, None),  # never closed
+        ("}{}", 0, None, 0, None),  # a stray } first: the count goes below zero and never comes back to it
+        ("x{y}", 2, None, 1, 3),  # counting from the middle, with the brace before start given as open
+    ],
+)
+def test_closing_brace_counts_braces_from_start(text, start, stop, depth, end):
+    assert shared.closing_brace(text, start, stop, depth) == end
+
+
+def test_boxed_contents_reads_every_balanced_box_within_its_bound():
+    text = "\\boxed{1} \\fbox {\\frac{a}{b}} \\boxed{" + "x" * 500 + "} \\boxed{2"
+    assert shared.boxed_contents(text) == ["1", "\\frac{a}{b}"]  # the 500-character box and the open one: skipped
+    assert shared.boxed_contents(text, max_inner=600) == ["1", "\\frac{a}{b}", "x" * 500]
+
+
+def test_every_grader_takes_its_box_and_result_record_from_the_shared_module():
+    from exgrpo.verifier import graded, grading, workers
+
+    assert grading.closing_brace is shared.closing_brace  # the name boxed once imported from grading still works
+    assert workers.score_result is shared.score_result and workers.RESULT_KEYS is shared.RESULT_KEYS
+    assert tuple(graded.score_result(0.5, "7")) == shared.RESULT_KEYS
+    assert graded.score_result(0.5, "7", "why") == shared.score_result(0.5, "7", error="why")
+    assert boxed.last_boxed("\\boxed{\\frac{1}{2}} and \\boxed{a{b}c}") == "a{b}c"
+
+
+def test_a_worker_loads_both_graders_before_it_declares_itself_ready():
+    """The paper grader's comparisons run under 1-second limits: its imports (pylatexenc, sympy's parser) must not
+    fall into the first graded answer. A worker that gets no request at all has them loaded when it stops."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys\n"
+            "from exgrpo.verifier import workers\n"
+            "workers.serve()\n"  # stdin is empty: warm up, say ready, stop
+            "wanted = ('exgrpo.verifier.boxed', 'pylatexenc.latex2text', 'sympy.parsing.sympy_parser', 'math_verify')\n"
+            "print('loaded:', *[m for m in wanted if m in sys.modules], file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == '{"ready": true}\n'
+    loaded = next(line for line in done.stderr.splitlines() if line.startswith("loaded:")).split()[1:]
+    assert loaded == ["exgrpo.verifier.boxed", "pylatexenc.latex2text", "sympy.parsing.sympy_parser", "math_verify"]

@@ -144,3 +144,92 @@ def test_nothing_in_the_package_imports_verl_or_ray():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             found += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names if n.split(".")[0] in ("verl", "ray")]
     assert found == []
+
+
+VERIFIER = REPO / "exgrpo" / "verifier"
+VERIFIER_MODULES = sorted(module_name(path) for path in VERIFIER.glob("*.py") if path.stem != "__main__")
+
+
+def verifier_import_graph() -> dict[str, set[str]]:
+    """module -> the verifier modules it imports, lazy imports included (``__main__`` runs the pool: left out)."""
+    graph = {}
+    for path in sorted(VERIFIER.glob("*.py")):
+        module = module_name(path)
+        if path.stem != "__main__":
+            graph[module] = {name for _, name in first_party_imports(path.read_text(), module)
+                             if name in VERIFIER_MODULES and name != module}
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``graph`` as the modules along it (first repeated at the end), or [] if there is none."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" once all it reaches is explored
+
+    def visit(module: str, path: list[str]) -> list[str]:
+        state[module] = "open"
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == "open":  # back on the current path: the cycle is the path since target
+                chain = [*path, module]
+                return chain[chain.index(target):] + [target]
+            if target not in state:
+                found = visit(target, [*path, module])
+                if found:
+                    return found
+        state[module] = "done"
+        return []
+
+    for module in sorted(graph):
+        if module not in state:
+            found = visit(module, [])
+            if found:
+                return found
+    return []
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_lazy_import():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycle(graph) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+    lazy = "def serve():\n    from exgrpo.verifier.boxed import boxed_score\n"
+    assert {name for _, name in first_party_imports(lazy, "exgrpo.verifier.workers")} == {"exgrpo.verifier.boxed"}
+
+
+def test_the_verifier_modules_import_one_another_without_a_cycle():
+    """The authors' grader once took its brace scanner from ours, which imports the worker pool, which loads the
+    authors' grader: what both use lives in the leaf module ``shared`` instead."""
+    graph = verifier_import_graph()
+    assert import_cycle(graph) == []
+    assert graph["exgrpo.verifier.boxed"] == {"exgrpo.verifier.shared"}
+    users = {module for module, targets in graph.items() if "exgrpo.verifier.shared" in targets}
+    assert {"exgrpo.verifier.boxed", "exgrpo.verifier.grading", "exgrpo.verifier.graded",
+            "exgrpo.verifier.workers"} <= users
+
+
+def test_the_shared_verifier_module_is_a_leaf():
+    """It imports nothing of the project, not even lazily: any verifier module may import it at any point."""
+    source = (VERIFIER / "shared.py").read_text()
+    assert first_party_imports(source, "exgrpo.verifier.shared") == []
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    imported = [alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import)
+                for alias in node.names]
+    imported += [node.module or "" for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)]
+    assert [name for name in imported if name.split(".")[0] not in stdlib] == []
+
+
+@pytest.mark.parametrize("first", VERIFIER_MODULES)
+def test_each_verifier_module_imports_first_and_alone_in_a_fresh_interpreter(first):
+    """Whichever verifier module a process imports first (verl loads one by path, the workers start from another),
+    it imports with only the standard library beside it, and every other one imports after it."""
+    import subprocess
+
+    others = [m for m in VERIFIER_MODULES if m != first]
+    code = ("import importlib, sys\n"
+            "before = set(sys.modules)\n"
+            f"importlib.import_module({first!r})\n"
+            "print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))\n"
+            f"for name in {others!r}:\n"
+            "    importlib.import_module(name)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    stdlib = set(sys.stdlib_module_names)
+    assert [m for m in done.stdout.split() if m not in stdlib and m != "exgrpo"] == []

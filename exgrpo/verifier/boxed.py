@@ -31,7 +31,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from exgrpo.verifier.grading import closing_brace
+from exgrpo.verifier.shared import closing_brace
 
 BOX = "\\boxed"
 

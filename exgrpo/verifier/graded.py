@@ -54,7 +54,7 @@ if __package__ != "exgrpo.verifier":  # loaded by file path (verl's custom_rewar
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from exgrpo.verifier import grading as _verifier  # noqa: E402 - after the path set-up
-from exgrpo.verifier.workers import PRED_CHARS  # noqa: E402
+from exgrpo.verifier import shared  # noqa: E402
 
 GRADED_DATA_SOURCES = ("synthetic_arith",)
 FORMAT_CREDIT = 0.1  # a box with something in it: the format is right, the answer is not a number
@@ -94,8 +94,8 @@ def digit_share(answer: int, truth: int) -> float:
 
 def graded_score(answer: str, truth: int) -> tuple[float, str, str]:
     """(score, the boxed text graded, why it scored 0) for one answer section; the rule: the module docstring."""
-    # exgrpo.verifier's box reader (balanced braces, bounded scan): the same box its verifier would grade
-    boxes = _verifier._boxed_contents(answer)
+    # the verifier's box reader (balanced braces, bounded scan): the same box its multiple-choice grader reads
+    boxes = shared.boxed_contents(answer)
     if not boxes or not boxes[-1].strip():
         return 0.0, "", "no \\boxed{} answer" if not boxes else "empty \\boxed{}"
     pred = boxes[-1]
@@ -109,9 +109,9 @@ def graded_score(answer: str, truth: int) -> tuple[float, str, str]:
 
 
 def score_result(score: float = 0.0, pred: str = "", error: str = "") -> dict[str, Any]:
-    # exgrpo.verifier's keys, in its order: verl stacks each key over a batch, whichever function graded a row
-    return {"score": float(score), "acc": bool(score == 1.0), "pred": pred[: PRED_CHARS],
-            "timeout": False, "error": error[: PRED_CHARS]}
+    """The verifier's result record (verl stacks each key over a batch, whichever function graded a row); this
+    grader never times out."""
+    return shared.score_result(score, pred, error=error)
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,

@@ -24,12 +24,12 @@ import time
 from typing import Any
 
 from exgrpo.verifier.precheck import precheck_text
-from exgrpo.verifier.workers import (
-    DEFAULT_QUEUE_TIMEOUT_S,
-    DEFAULT_TIMEOUT_S,
-    get_pool,
+from exgrpo.verifier.shared import (
+    boxed_contents,
+    closing_brace,  # noqa: F401 - still importable from here, as before
     score_result,
 )
+from exgrpo.verifier.workers import DEFAULT_QUEUE_TIMEOUT_S, DEFAULT_TIMEOUT_S, get_pool
 
 THINK_END_TAG = "</think>"
 
@@ -93,7 +93,6 @@ def answer_section(solution_str: str, think_end_tag: str | None = THINK_END_TAG,
 
 
 # ----------------------------------------------------------------------------------------------- multiple choice
-_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _WRAPPER_RE = re.compile(r"\\(?:text|textbf|mathrm|mathbf|textit|mbox)\s*\{([^{}]{0,80})\}")
 _BOXED_LABEL_RE = re.compile(r"^\s*[\(\[]?\s*([A-Za-z]|\d{1,2})\s*[\)\]]?\s*(?:[.:)\-]\s*.*|\s+.*)?$", re.S)
 _TEXT_LABEL_RE = re.compile(
@@ -102,37 +101,13 @@ _TEXT_LABEL_RE = re.compile(
 )
 
 
-def closing_brace(text: str, start: int, stop: int | None = None, depth: int = 0) -> int | None:
-    """The position of the ``}`` at which the braces counted from ``text[start]`` on (``depth`` already open) are all
-    closed, or None if that does not happen before ``stop``."""
-    for pos in range(start, len(text) if stop is None else min(stop, len(text))):
-        char = text[pos]
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return pos
-    return None
-
-
-def _boxed_contents(text: str, max_inner: int = 400) -> list[str]:
-    """Contents of every ``\\boxed{...}`` (balanced braces, bounded scan so 100 kB of braces stays linear)."""
-    found = []
-    for match in _BOXED_RE.finditer(text):
-        end = closing_brace(text, match.end(), match.end() + max_inner, depth=1)
-        if end is not None:
-            found.append(text[match.end():end])
-    return found
-
-
 def extract_choice(text: str) -> str | None:
     """The option label a response commits to: its last ``\\boxed{X}``, else its last "the answer is (X)".
 
     Labels are letters (A-J, upper-cased) or small integers (ARC-Challenge has a few questions labelled 1-4).
     ``ANSWER: X`` (the GPQA prompt's requested format) and ``Answer: **X**`` count as the textual form.
     """
-    for inner in reversed(_boxed_contents(text)):
+    for inner in reversed(boxed_contents(text)):
         for _ in range(3):  # peel \text{\textbf{C}} and friends
             peeled = _WRAPPER_RE.sub(r"\1", inner)
             if peeled == inner:

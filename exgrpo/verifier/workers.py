@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.verifier.precheck import PRECHECK_STATE, PrecheckRejected, install_precheck
+from exgrpo.verifier.shared import PRED_CHARS, RESULT_KEYS, score_result  # noqa: F401 - importable from here too
 
 
 def _env_number(name: str, default: float, cast: type = float) -> Any:
@@ -49,16 +50,6 @@ DEFAULT_WORKERS = _env_number("EXGRPO_REWARD_WORKERS", min(8, os.cpu_count() or 
 DEFAULT_WORKER_MEM_MB = _env_number("EXGRPO_REWARD_MEM_MB", 4096, int)
 # A worker is replaced after this many calls: sympy/math-verify caches only grow during a week-long run.
 DEFAULT_WORKER_MAX_CALLS = _env_number("EXGRPO_REWARD_MAX_CALLS", 20000, int)
-PRED_CHARS = 200  # diagnostic "pred" is clipped: it ends up in verl's per-sample metrics arrays
-
-RESULT_KEYS = ("score", "acc", "pred", "timeout", "error")
-
-
-def score_result(score: float = 0.0, pred: str = "", timeout: bool = False, error: str = "") -> dict[str, Any]:
-    # verl stacks every key of every sample into one array per key, so all results carry the same keys/types.
-    return {"score": float(score), "acc": bool(score == 1.0), "pred": pred[:PRED_CHARS], "timeout": bool(timeout),
-            "error": error[:PRED_CHARS]}
-
 
 
 # ----------------------------------------------------------------------------------------------- math, worker side
@@ -72,6 +63,8 @@ def serve() -> None:  # pragma: no cover - runs in the worker process (exercised
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     import math_verify.parser
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    from exgrpo.verifier.boxed import boxed_score
 
     if not install_precheck(math_verify.parser):
         print("exgrpo.verifier: this math-verify has no parse_latex_cached/parse_expr_cached; answers are not "
@@ -112,12 +105,18 @@ def serve() -> None:  # pragma: no cover - runs in the worker process (exercised
         return score_result(1.0 if correct else 0.0, pred=shown)
 
     def grade_paper(gold: str, answer: str) -> dict[str, Any]:
-        from exgrpo.verifier.boxed import boxed_score
-
         score, answer_graded = boxed_score(answer, gold)
         return score_result(score, pred=answer_graded, error="" if answer_graded else "no \\boxed{} answer")
 
-    grade("1", "\\boxed{1}")  # warm math-verify's lazily built grammars before declaring readiness
+    # Both graders warmed before declaring readiness, so that no timed call pays for it: math-verify's lazily built
+    # grammars, and the authors' grader's pylatexenc and sympy imports (~0.2 s, else inside its 1-second limits).
+    # The paper answer is wrong on purpose, so that all three of its comparisons run; should that grader fail here,
+    # the worker still serves ours, and a paper request reports the failure as its error.
+    grade("1", "\\boxed{1}")
+    try:
+        grade_paper("x+1", "\\boxed{\\frac{x}{2}}")
+    except Exception:  # noqa: BLE001 - see above
+        pass
     protocol.write('{"ready": true}\n')
     for line in sys.stdin:
         try:

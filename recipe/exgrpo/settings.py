@@ -162,7 +162,7 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
 
     Called for ``enable: false`` too: the trainer mode matters to the baseline's prompt composition, and a baseline
     that keeps an authors' setting (the paper profile's GRPO script) trains with the ExGRPO loss and grad-norm guard,
-    so their requirements hold for it too.
+    so their requirements hold for it too; attention that ignores the sequence-parallel split is wrong for any run.
     """
     check_grad_clip(config)
     trainer = config["trainer"]
@@ -174,6 +174,7 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
             f"trainer.v1.trainer_mode={mode!r}: the ExGRPO trainer subclasses PPOTrainerSync and must run in "
             "'sync' mode (other mode names switch on asynchronous behaviour in verl's base trainer)"
         )
+    check_sequence_parallel_attention(config)
     actor = config["actor_rollout_ref"]["actor"]
     if core.skip_step_grad_norm is not None and actor.get("strategy", "fsdp") not in ("fsdp", "fsdp2"):
         raise ValueError(
@@ -190,6 +191,15 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
         raise ValueError(
             f"algorithm.adv_estimator={algorithm['adv_estimator']!r}: ExGRPO needs 'grpo' (group-relative "
             "advantages over the mixed fresh + replayed group)"
+        )
+    # PPOTrainer.__init__ reads trainer.v1.<trainer_mode>.parameter_sync_step, default 1 (verl's sync: {} has none)
+    sync_step = (trainer["v1"].get("sync", None) or {}).get("parameter_sync_step", 1)
+    if sync_step != 1:
+        raise ValueError(
+            f"trainer.v1.sync.parameter_sync_step={sync_step!r}: verl would split each step into that many local "
+            "updates (_step_once) under one prepare_step, but ExGRPO plans the step's replayed and fresh questions "
+            "once, completes replay groups only in the slice that samples them, and would run the delayed-start "
+            "latch and the pool's collection once per slice on a partial batch; set it to 1 (or leave it unset)"
         )
     gen_batch_size = config["data"].get("gen_batch_size", None)
     if gen_batch_size != 1:
@@ -220,6 +230,47 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
             "actor_rollout_ref.rollout.multi_turn.enable=true: ExGRPO replay stores single-turn responses "
             "(every response token is a policy token); multi-turn agent loops are not supported"
         )
+
+
+# The attention implementations verl 0.9.1's Ulysses patch covers: ``apply_monkey_patch``
+# (verl/models/transformers/monkey_patch.py) replaces ``_flash_attention_forward`` in
+# ``transformers.integrations.flash_attention``, the function behind these names in transformers' attention table.
+# sdpa, eager, flex_attention and the paged variants are left alone: with sequence parallelism each rank would then
+# attend within its own slice of the sequence only.
+ULYSSES_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flash_attention_4"})
+ATTENTION_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
+
+
+def attention_implementation(config: Any) -> str:
+    """The actor's attention implementation as verl 0.9.1 reads it (``HFModelConfig.__post_init__``,
+    verl/workers/config/model.py: ``override_config.get("attn_implementation", "flash_attention_2")``)."""
+    override = config["actor_rollout_ref"]["model"].get("override_config", None) or {}
+    return str(override.get("attn_implementation", "flash_attention_2"))
+
+
+def check_sequence_parallel_attention(config: Any) -> None:
+    """Refuse Ulysses sequence parallelism over an attention implementation verl does not patch for it.
+
+    verl slices every sequence across the Ulysses group and relies on its patched flash-attention to exchange
+    heads for sequence; with sdpa or eager nothing is exchanged, so each rank attends within its own slice and the
+    log-probs, entropies and gradients are silently wrong. A hub kernel named by its repository alone (``org/repo``)
+    is let through: transformers (``integrations/hub_kernels.py``) runs it through that same flash-attention path or
+    refuses it; one named with a function (``org/repo:function``) or paged is registered as it is, unpatched.
+    """
+    actor = config["actor_rollout_ref"]["actor"]
+    if actor.get("strategy", "fsdp") not in ("fsdp", "fsdp2"):  # Ulysses is an FSDP-engine setting only
+        return
+    sp, sp_key = ulysses_size(actor)
+    if sp <= 1:
+        return
+    attention = attention_implementation(config)
+    if attention in ULYSSES_ATTENTION or ("/" in attention and not set(attention) & set("|:")):
+        return
+    raise ValueError(
+        f"{ATTENTION_KEY}={attention!r} with {sp_key}={sp}: verl's Ulysses patch covers only "
+        f"{', '.join(sorted(ULYSSES_ATTENTION))}, so each rank would attend within its own slice of the sequence; "
+        f"use {ATTENTION_KEY}=flash_attention_2 or sequence-parallel size 1"
+    )
 
 
 def check_grad_clip(config: Any) -> None:

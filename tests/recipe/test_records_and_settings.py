@@ -235,3 +235,101 @@ def test_trainer_maps_the_actor_role_to_the_exgrpo_worker_class():
     assert actor_roles
     for role in actor_roles:
         assert trainer.role_worker_mapping[role].__ray_actor_class__ is ExGRPOActorRolloutRefWorker
+
+
+# ----------------------------------------------------------------------------------------------- verl settings that
+# verl accepts but that would break ExGRPO (or any run) without a word
+def checked(overrides: list[str]) -> None:
+    config = compose_config([*BASE, *overrides])
+    check_verl_settings(config, load_settings(config)[0])
+
+
+def test_several_local_updates_per_step_are_refused_naming_the_key_verl_reads():
+    """verl's PPOTrainer reads trainer.v1.<trainer_mode>.parameter_sync_step (default 1) and runs _step_once that many
+    times under one prepare_step; ExGRPO plans, inserts and collects once a step."""
+    import inspect
+
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    source = inspect.getsource(PPOTrainer.__init__)
+    assert 'self.config.trainer.v1.get(self.trainer_mode, {}).get("parameter_sync_step", 1)' in source
+    for value in (2, 4, 0):
+        with pytest.raises(ValueError, match=rf"^trainer\.v1\.sync\.parameter_sync_step={value}: .*set it to 1"):
+            checked([f"+trainer.v1.sync.parameter_sync_step={value}"])
+    checked([])  # verl's sync: {} has no key: one update a step
+    checked(["+trainer.v1.sync.parameter_sync_step=1"])
+    # the baseline is stock verl GRPO, whose prepare_step and _step_once support it
+    checked(["exgrpo.enable=false", "+trainer.v1.sync.parameter_sync_step=4"])
+    # the asynchronous modes' own value (4 in verl's yaml) is not the sync trainer's
+    assert compose_config(BASE).trainer.v1.separate_async.parameter_sync_step == 4
+
+
+SDPA = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"
+LEGACY_SP = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+FSDP_SP = "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"
+ATTENTION = "actor_rollout_ref.model.override_config.attn_implementation"
+
+
+@pytest.mark.parametrize("enable", ["true", "false"])
+@pytest.mark.parametrize("sp_key", [LEGACY_SP, FSDP_SP])
+@pytest.mark.parametrize(
+    "attention",
+    ["sdpa", "eager", "flex_attention", "paged|flash_attention_2", "kernels-community/flash-attn:flash_attn_func"],
+)
+def test_sequence_parallelism_over_unpatched_attention_is_refused_naming_both_keys(attention, sp_key, enable):
+    with pytest.raises(ValueError) as error:
+        checked([f"+{ATTENTION}={attention}", f"{sp_key}=2", f"exgrpo.enable={enable}"])
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"{ATTENTION}={attention!r} with {sp_key}=2: verl's Ulysses patch covers only "
+        "flash_attention_2, flash_attention_3, flash_attention_4"
+    )
+
+
+def test_the_deprecated_sequence_parallel_key_is_named_when_it_is_the_one_verl_uses():
+    with pytest.raises(ValueError, match=rf"with {LEGACY_SP}=4: "):
+        checked([SDPA, f"{LEGACY_SP}=4", f"{FSDP_SP}=2"])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [f"{FSDP_SP}=2"],  # verl's default attention: flash_attention_2
+        [f"+{ATTENTION}=flash_attention_2", f"{LEGACY_SP}=2"],
+        [f"+{ATTENTION}=flash_attention_3", f"{FSDP_SP}=4"],
+        [f"+{ATTENTION}=kernels-community/flash-attn", f"{FSDP_SP}=2"],  # wrapped in transformers' flash path
+        [SDPA],  # no sequence parallelism: each rank holds whole sequences (the CPU twin)
+        [SDPA, f"{FSDP_SP}=1"],
+        [SDPA, f"{FSDP_SP}=2", "actor_rollout_ref.actor.strategy=megatron"],  # the key is FSDP's only
+    ],
+)
+def test_sequence_parallelism_is_accepted_over_the_attention_verl_patches_or_without_it(overrides):
+    checked(overrides)
+
+
+def test_the_accepted_attention_names_are_exactly_those_behind_the_flash_function_verl_patches():
+    """verl's patch replaces _flash_attention_forward in transformers.integrations.flash_attention; every entry of
+    transformers' attention table that calls another function is refused under sequence parallelism."""
+    import inspect
+
+    from transformers.integrations import flash_attention
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from verl.models.transformers import monkey_patch
+    from verl.workers.config.model import HFModelConfig
+
+    from recipe.exgrpo.settings import ULYSSES_ATTENTION
+
+    patch_source = inspect.getsource(monkey_patch.apply_monkey_patch)
+    assert "flash_attention._flash_attention_forward = _ulysses_flash_attention_forward" in patch_source
+    assert 'override_config.get("attn_implementation", "flash_attention_2")' in inspect.getsource(
+        HFModelConfig.__post_init__
+    )
+    patched = {name for name, fn in ALL_ATTENTION_FUNCTIONS.items() if fn is flash_attention.flash_attention_forward}
+    assert patched == ULYSSES_ATTENTION
+    for name in [*ALL_ATTENTION_FUNCTIONS.keys(), "eager"]:
+        if name in patched:
+            checked([f"+{ATTENTION}={name}", f"{FSDP_SP}=2"])
+        else:
+            with pytest.raises(ValueError, match="verl's Ulysses patch covers only"):
+                checked([f"+{ATTENTION}={name}", f"{FSDP_SP}=2"])
