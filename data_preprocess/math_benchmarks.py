@@ -1,10 +1,15 @@
-"""In-distribution math benchmarks as verl rows: AIME24, AIME25, AMC23, MATH-500, Minerva, OlympiadBench.
+"""In-distribution math benchmarks as verl rows: AIME24, AIME25, AMC, MATH-500, Minerva, OlympiadBench.
 
 Raw schemas accepted (hub default in brackets; a local .parquet/.jsonl/.json/.csv in the same schema works too):
 
 * ``aime24`` [HuggingFaceH4/aime_2024, split train]: ``problem``, ``answer`` (str), ``solution``, ``id``, ``url``.
 * ``aime25`` [math-ai/aime25, split test]: ``problem``, ``answer``, ``id``.
-* ``amc23`` [math-ai/amc23, split test]: ``question``, ``answer`` (float such as 27.0), ``id``, ``url``.
+* ``amc`` [AI-MO/aimo-validation-amc, split train]: ``problem``, ``answer`` (float such as 142.0), ``id``, ``url``.
+  The authors' AMC: the 83 questions of AMC12 2022 and 2023, in the same order and with the same answers as the AMC
+  rows of their ``math_test.parquet`` (83 x 32 rows).
+* ``amc23`` [math-ai/amc23, split test]: ``question``, ``answer``, ``id``, ``url``: the 40 AMC 2023 questions only,
+  not the authors' set (its AMC column is not comparable with the paper's); built only when named in
+  ``--benchmarks``, never with ``amc`` (both are data_source ``amc``).
 * ``math500`` [HuggingFaceH4/MATH-500, split test]: ``problem``, ``answer``, ``solution``, ``subject``,
   ``level``, ``unique_id``.
 * ``minerva`` [math-ai/minervamath, split test]: ``question``, ``answer``.
@@ -15,7 +20,9 @@ Raw schemas accepted (hub default in brackets; a local .parquet/.jsonl/.json/.cs
 
 ``data_source`` names match the authors' files so both routes give the same per-benchmark table. avg@k rows:
 the paper reports avg@32 for AIME24/25 and AMC, so those are repeated 32 times by default (``--repeats`` sets one
-count for every benchmark; the repeats share a qid and differ in ``extra_info.repeat``).
+count for every benchmark; the repeats share a qid and differ in ``extra_info.repeat``). A benchmark built with
+other questions x samples than the authors' (``exgrpo.tools.paper_results.AUTHORS_ROWS``) is named in a warning:
+its column, and the average that takes it in, would not be comparable with the paper's.
 
 Usage: ``python data_preprocess/math_benchmarks.py --output data/math_test.parquet [--benchmarks aime24 math500]
 [--local aime24=path.jsonl] [--processed FILE]``. Without access to the hub, a benchmark that has no ``--local``
@@ -48,6 +55,7 @@ from data_preprocess.common import (
 )
 from exgrpo import cli
 from exgrpo.cli import InputError
+from exgrpo.tools.paper_results import AUTHORS_ROWS, rows_text
 from exgrpo.verifier import is_multiple_choice
 
 
@@ -65,12 +73,14 @@ QUESTION_KEYS = ("problem", "question", "Problem", "Question")
 BENCHMARKS: dict[str, Benchmark] = {
     "aime24": Benchmark("aime", "HuggingFaceH4/aime_2024", None, "train", QUESTION_KEYS, ("answer", "Answer"), 32),
     "aime25": Benchmark("aime25", "math-ai/aime25", None, "test", QUESTION_KEYS, ("answer", "Answer"), 32),
+    "amc": Benchmark("amc", "AI-MO/aimo-validation-amc", None, "train", QUESTION_KEYS, ("answer", "Answer"), 32),
     "amc23": Benchmark("amc", "math-ai/amc23", None, "test", QUESTION_KEYS, ("answer", "Answer"), 32),
     "math500": Benchmark("math", "HuggingFaceH4/MATH-500", None, "test", QUESTION_KEYS, ("answer",), 1),
     "minerva": Benchmark("minerva", "math-ai/minervamath", None, "test", QUESTION_KEYS, ("answer",), 1),
     "olympiadbench": Benchmark("olympiad_bench", "math-ai/olympiadbench", None, "test", QUESTION_KEYS,
                                ("final_answer", "answer"), 1),
 }
+DEFAULT_BENCHMARKS = [name for name in BENCHMARKS if name != "amc23"]  # the authors' six
 
 
 def convert(name: str, records: Iterable[Mapping[str, Any]], repeats: int | None = None, *,
@@ -104,6 +114,9 @@ def build(names: Sequence[str], local: Mapping[str, str] | None = None, repeats:
           ) -> list[dict[str, Any]]:
     """All requested benchmarks, each from its local file if given, else from the hub."""
     local = dict(local or {})
+    if "amc" in names and "amc23" in names:
+        raise InputError("--benchmarks amc and amc23 both build data_source amc (amc23: 40 AMC 2023 questions, amc: "
+                         "the authors' 83 of AMC 2022 and 2023): keep one, amc for the paper's")
     rows = []
     for name in names:
         spec = BENCHMARKS[name] if name in BENCHMARKS else None
@@ -130,6 +143,29 @@ def check_processed(rows: Sequence[Mapping[str, Any]], path: str) -> None:
                          f"import it with data_preprocess/ood_benchmarks.py --processed {path}")
 
 
+def rows_report(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    """One line per data_source (its questions, rows, and the authors' questions x samples), and a warning for each
+    built on other rows than the authors': silently, its column would be another benchmark under the paper's name."""
+    questions: dict[str, dict[str, int]] = {}
+    for row in rows:
+        per_question = questions.setdefault(str(row["data_source"]), {})
+        qid = str(row["extra_info"]["qid"])
+        per_question[qid] = per_question.get(qid, 0) + 1
+    lines, warnings = [], []
+    for source, counts in questions.items():
+        samples = sorted(set(counts.values()))
+        built = rows_text(len(counts), samples[0], samples[-1])
+        authors = AUTHORS_ROWS.get(source)
+        theirs = "unknown" if authors is None else rows_text(*authors)
+        lines.append(f"  {source}: {len(counts)} questions, {sum(counts.values())} rows ({built}; the authors' "
+                     f"{theirs})")
+        if authors is not None and built != rows_text(*authors):
+            warnings.append(f"warning: {source} is {built} (questions × samples), the authors' {theirs}: its column "
+                            "and the average over it are not comparable with the paper (build the default "
+                            "benchmarks with their default repeats, or import the authors' file with --processed)")
+    return lines, warnings
+
+
 def local_option(name: str) -> str:
     """How to give benchmark ``name`` without the hub (the offline message names it)."""
     return f"--local {name}=FILE, or import the authors' processed parquet with --processed FILE"
@@ -147,7 +183,8 @@ def parse_local(pairs: Sequence[str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=cli.DEBUG_HELP)
-    parser.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=sorted(BENCHMARKS))
+    parser.add_argument("--benchmarks", nargs="+", default=DEFAULT_BENCHMARKS, choices=sorted(BENCHMARKS),
+                        help=f"default: {' '.join(DEFAULT_BENCHMARKS)} (the authors' six)")
     parser.add_argument("--local", nargs="*", default=[], metavar="NAME=PATH", help="local raw file per benchmark")
     parser.add_argument("--processed", default=None, help="an authors' processed verl parquet instead")
     parser.add_argument("--repeats", type=int, default=None, help="override the per-benchmark avg@k repeats")
@@ -167,12 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         counts = {"rows": len(rows)}
     path = write_rows(rows, args.output)
     print(f"math benchmarks -> {path}: {counts}")
-    per_source: dict[str, set] = {}
-    for row in rows:
-        per_source.setdefault(row["data_source"], set()).add(row["extra_info"]["qid"])
-    for source, qids in per_source.items():
-        n_rows = sum(1 for row in rows if row["data_source"] == source)
-        print(f"  {source}: {len(qids)} questions, {n_rows} rows")
+    lines, warnings = rows_report(rows)
+    print("\n".join(lines))
+    for warning in warnings:
+        print(f"math_benchmarks: {warning}", file=sys.stderr)
     return 0
 
 

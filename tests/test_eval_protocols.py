@@ -131,12 +131,92 @@ def test_the_layout_puts_ours_beside_the_papers_rows_marked_as_reported():
     table = paper_results.layout_table(summary, "run_step5", "qwen2.5-math-7b")
     lines = table.splitlines()
     assert lines[0].startswith("| model | AIME24 | AIME25 | AMC | MATH-500 | Minerva | Olympiad | ID avg | ARC-c |")
-    # ours: AIME 50, MATH 100, average over the two present of six; GPQA 0, one of three
-    assert lines[2] == ("| **run_step5** (measured, paper protocol) | 50.0 | – | – | 100.0 | – | – | 75.0 (2 of 6) | "
-                        "– | 0.0 | – | 0.0 (1 of 3) |")
-    assert lines[5] == ("| ExGRPO, qwen2.5-math-7b (paper, reported) | 31.6 | 18.7 | 66.3 | 87.4 | 36.0 | 50.1 | 48.3 | "
+    # ours: AIME 50, MATH 100, average over the two present of six; GPQA 0, one of three; each on 1 question, not
+    # the authors' rows, so every score and both averages are marked
+    assert lines[2] == ("| **run_step5** (measured, paper protocol) | 50.0 † | – | – | 100.0 † | – | – | "
+                        "75.0 (2 of 6) † | – | 0.0 † | – | 0.0 (1 of 3) † |")
+    assert lines[3] == ("| rows: questions × samples (the authors') | 1 × 2 (30 × 32) | – (30 × 32) | – (83 × 32) | "
+                        "1 × 1 (500 × 1) | – (272 × 1) | – (675 × 1) |  | – (1172 × 1) | 1 × 1 (198 × 1) | – (?) |  |")
+    assert lines[6] == ("| ExGRPO, qwen2.5-math-7b (paper, reported) | 31.6 | 18.7 | 66.3 | 87.4 | 36.0 | 50.1 | 48.3 | "
                         "84.7 | 37.4 | 52.9 | 58.3 |")
+    assert ("† not comparable with the paper: measured on other rows than the authors' (AIME24 1 × 2, the authors' "
+            "30 × 32; MATH-500 1 × 1, the authors' 500 × 1; GPQA-diamond 1 × 1, the authors' 198 × 1)") in table
     assert "No paper rows" in paper_results.layout_table(summary, "x", None)
+
+
+def _summary_on(rows: dict[str, tuple[int, int, int]]) -> dict:
+    """A summary whose benchmarks have the given (questions, k_min, k_max), every response scored 1 but one."""
+    scored = []
+    for source, (questions, k_min, k_max) in rows.items():
+        for q in range(questions):
+            k = k_max if q == 0 else k_min  # the first question carries the most samples
+            scored += [{"data_source": source, "qid": f"{source}-{q}", "score": 1.0} for _ in range(k)]
+    scored[0]["score"] = 0.0
+    return evaluate.summarize(scored, "paper")
+
+
+AUTHORS_SIZES = {"aime": (30, 32, 32), "aime25": (30, 32, 32), "amc": (83, 32, 32), "math": (500, 1, 1),
+                 "minerva": (272, 1, 1), "olympiad_bench": (675, 1, 1), "arc_c": (1172, 1, 1), "gpqa": (198, 1, 1)}
+
+
+def test_on_the_authors_rows_no_column_is_marked_and_a_40_question_amc_is():
+    summary = _summary_on(AUTHORS_SIZES)
+    checked = paper_results.comparability(summary["benchmarks"])
+    assert {source: row["comparable"] for source, row in checked["benchmarks"].items()} == dict.fromkeys(
+        AUTHORS_SIZES, True)
+    assert checked["in_distribution_avg"] is True
+    assert checked["ood_avg"] is False  # MMLU-Pro is missing: an average over two of three is not the paper's
+    table = paper_results.layout_table(summary, "run", None).splitlines()
+    assert "†" not in table[2] and table[2].endswith(" | 100.0 (2 of 3) |")  # OOD avg over two of three, unmarked
+    assert table[3].split(" | ")[1:4] == ["30 × 32 (30 × 32)", "30 × 32 (30 × 32)", "83 × 32 (83 × 32)"]
+    assert not any(line.startswith("†") for line in table)
+    # the former default build: AMC 2023 only, 40 questions x 32
+    other = _summary_on({**AUTHORS_SIZES, "amc": (40, 32, 32)})
+    checked = paper_results.comparability(other["benchmarks"])
+    assert checked["benchmarks"]["amc"] == {"rows": "40 × 32", "authors_rows": "83 × 32", "comparable": False}
+    assert checked["in_distribution_avg"] is False and checked["benchmarks"]["aime"]["comparable"] is True
+    cells = paper_results.layout_table(other, "run", None).splitlines()[2].split(" | ")
+    # AIME24 (959 of 960 responses right), AMC, the ID average over both and four 100s; ARC-c unaffected
+    assert (cells[1], cells[3], cells[7], cells[8]) == ("99.9", "100.0 †", "100.0 †", "100.0")
+    assert "(AMC 40 × 32, the authors' 83 × 32)" in paper_results.layout_table(other, "run", None)
+
+
+@pytest.mark.parametrize(("sizes", "comparable"), [
+    ((30, 32, 32), True),
+    ((30, 4, 4), False),  # SAMPLES=4: the right questions, fewer samples
+    ((30, 31, 32), False),  # one question short of a sample
+    ((29, 32, 32), False),  # a question missing
+])
+def test_aime_is_comparable_only_on_30_questions_of_32_samples(sizes, comparable):
+    checked = paper_results.comparability(_summary_on({"aime": sizes})["benchmarks"])
+    assert checked["benchmarks"]["aime"]["comparable"] is comparable
+    assert checked["in_distribution_avg"] is False  # five of six missing
+
+
+def test_mmlu_pro_and_our_own_benchmarks_are_unchecked_not_comparable():
+    summary = _summary_on({"mmlu_pro": (12, 1, 1), "synthetic_arith": (3, 1, 1), "arc_c": (1172, 1, 1),
+                           "gpqa": (198, 1, 1)})
+    checked = paper_results.comparability(summary["benchmarks"])
+    assert checked["benchmarks"]["mmlu_pro"] == {"rows": "12 × 1", "authors_rows": None, "comparable": None}
+    assert checked["benchmarks"]["synthetic_arith"]["comparable"] is None
+    assert checked["ood_avg"] is None  # nothing known to differ, one column unchecked
+    table = paper_results.layout_table(summary, "run", None)
+    assert "| 12 × 1 (?) |" in table and "? rows not checked: the authors' MMLU-Pro file" in table
+    assert "†" not in table
+
+
+def test_the_authors_rows_are_those_of_their_files(shared_benchmarks):
+    """AUTHORS_ROWS, counted again from the authors' files: questions (distinct prompts) and samples of each."""
+    import pandas as pd
+
+    counted: dict[str, dict[str, int]] = {}
+    for name in ("math_test.parquet", "arc_c_test.parquet", "gpqa_diamond_test.parquet"):
+        frame = pd.read_parquet(shared_benchmarks / name, columns=["data_source", "prompt"])
+        for source, prompt in zip(frame["data_source"], frame["prompt"], strict=True):
+            question = prompt[-1]["content"]
+            counted.setdefault(source, {})[question] = counted.setdefault(source, {}).get(question, 0) + 1
+    found = {source: (len(per), *sorted(set(per.values()))) for source, per in counted.items()}
+    assert found == {source: rows for source, rows in paper_results.AUTHORS_ROWS.items() if rows is not None}
 
 
 @pytest.mark.parametrize(("path", "label"), [

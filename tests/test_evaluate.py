@@ -197,3 +197,124 @@ def test_a_ground_truth_that_is_not_a_string_or_number_is_named_before_grading(t
     result = _evaluate("selfcheck", "--data", str(path))
     assert (result.returncode, result.stderr) == (2, f"exgrpo.tools.evaluate: error: data file {path} row 0: "
                                                      "reward_model.ground_truth is a dict, not a string or number\n")
+
+
+# ----------------------------------------------------------------------------------------------- the authors' rows
+def test_the_detail_and_results_json_give_each_benchmarks_rows_beside_the_authors(tmp_path):
+    scored = ([{"data_source": "amc", "qid": f"a{q}", "score": 1.0} for q in range(40) for _ in range(32)]
+              + [{"data_source": "minerva", "qid": f"m{q}", "score": 0.0} for q in range(272)]
+              + [{"data_source": "mmlu_pro", "qid": "p", "score": 1.0}]
+              + [{"data_source": "synthetic_arith", "qid": "s", "score": 1.0}])
+    summary = summarize(scored, "paper")
+    table = markdown_table(summary)
+    assert "| amc | 100.0 | 32 | 40 | 1280 | 0 | 83 × 32 | no |" in table  # AMC 2023 only: another benchmark
+    assert "| minerva | 0.0 | 1 | 272 | 272 | 0 | 272 × 1 | yes |" in table
+    assert "| mmlu_pro | 100.0 | 1 | 1 | 1 | 0 | ? | ? |" in table  # the authors' file is not here to count
+    assert "| synthetic_arith | 100.0 | 1 | 1 | 1 | 0 | – | – |" in table  # not a benchmark of the paper
+    assert "| **in-distribution avg** | 50.0 | | | | | | no |" in table
+    evaluate.write_tables(summary, tmp_path, "run", None)
+    written = json.loads((tmp_path / "results.json").read_text())["rows_vs_authors"]
+    assert written["benchmarks"]["amc"] == {"rows": "40 × 32", "authors_rows": "83 × 32", "comparable": False}
+    assert written["benchmarks"]["minerva"]["comparable"] is True and written["in_distribution_avg"] is False
+    assert "| 100.0 † |" in (tmp_path / "results.md").read_text()  # the AMC column of the paper's layout
+
+
+# ----------------------------------------------------------------------------------------------- the model's context
+def _stand_in_vllm(monkeypatch) -> list[dict]:
+    """An importable vllm whose engine records its arguments and stops there: nothing is launched."""
+    import types
+
+    started: list[dict] = []
+
+    class Started(Exception):
+        pass
+
+    def engine(**kwargs):
+        started.append(kwargs)
+        raise Started("stand-in engine")
+
+    vllm, inputs = types.ModuleType("vllm"), types.ModuleType("vllm.inputs")
+    vllm.LLM, vllm.SamplingParams, vllm.inputs, vllm.Started = engine, dict, inputs, Started
+    inputs.TokensPrompt = dict
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    return started
+
+
+def _model_folder(folder: Path, config: dict) -> tuple[Path, list[dict], int]:
+    """A tokenizer (the twins' ChatML one) and a config.json, an empty weights file: a model folder vLLM never loads.
+    Returns it, two benchmark rows and the length of their longest prompt under the paper protocol."""
+    from data_preprocess import math_benchmarks
+    from exgrpo.embedded import tiny_model
+
+    tokenizer = tiny_model.build_tokenizer(vllm_compatible=True)
+    tokenizer.save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes(b"")
+    rows = math_benchmarks.build(["aime24"], {"aime24": str(FIXTURES / "aime24.jsonl")}, repeats=1)
+    longest = max(len(evaluate.render_prompt(tokenizer, row["prompt"], evaluate.PROTOCOLS["paper"])[1]) for row in rows)
+    return folder, rows, longest
+
+
+def test_a_model_with_too_few_positions_is_refused_in_one_line_before_vllm_starts(tmp_path, monkeypatch):
+    started = _stand_in_vllm(monkeypatch)
+    paper = evaluate.PROTOCOLS["paper"]
+    unscaled = {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}}  # as transformers 5 saves it
+    model, rows, longest = _model_folder(tmp_path / "m", {"max_position_embeddings": 4096, **unscaled})
+    assert 100 < longest < 4096 - 100
+    with pytest.raises(evaluate.InputError) as refused:
+        evaluate.generate(model, rows, tmp_path / "g.jsonl", paper)
+    assert str(refused.value) == (
+        f"model {model} accepts 4096 positions (max_position_embeddings in its config.json), fewer than the longest "
+        f"prompt ({longest} tokens) + max_tokens 8192 = {longest + 8192}: set MAX_TOKENS={4096 - longest} "
+        f"(--max_tokens {4096 - longest}; responses then stop before the paper's 8192 tokens) or evaluate the 16k "
+        "model (its config.json raised to 16384 positions, as the authors' Qwen2.5-Math-7B-16k)")
+    # the MAX_TOKENS it names fits exactly: vLLM is then asked for all 4096 positions
+    with pytest.raises(sys.modules["vllm"].Started):
+        evaluate.generate(model, rows, tmp_path / "g.jsonl", paper, evaluate.EngineSettings(max_tokens=4096 - longest))
+    assert started[-1]["max_model_len"] == 4096
+    # a prompt longer than the model: only the longer model helps
+    short, rows, longest = _model_folder(tmp_path / "short", {"max_position_embeddings": 64})
+    with pytest.raises(evaluate.InputError, match=rf"accepts 64 positions .*\({longest} tokens\) \+ max_tokens 8192 = "
+                                                  rf"{longest + 8192}: evaluate the 16k model"):
+        evaluate.generate(short, rows, tmp_path / "g.jsonl", paper)
+    assert len(started) == 1
+
+
+@pytest.mark.parametrize("config", [
+    # vLLM scales the limit by a RoPE scaling (transformers 5 writes it as rope_parameters)
+    {"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+    {"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}},
+    {"vocab_size": 10},  # no max_position_embeddings: vLLM decides
+])
+def test_a_context_that_vllm_decides_otherwise_is_left_to_it(tmp_path, monkeypatch, config):
+    started = _stand_in_vllm(monkeypatch)
+    model, rows, longest = _model_folder(tmp_path / "m", config)
+    with pytest.raises(sys.modules["vllm"].Started):
+        evaluate.generate(model, rows, tmp_path / "g.jsonl", evaluate.PROTOCOLS["paper"])
+    assert started[0]["max_model_len"] == longest + 8192
+
+
+def test_a_bad_max_position_embeddings_is_named(tmp_path):
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": "4k"}')
+    with pytest.raises(evaluate.InputError, match="config.json: max_position_embeddings is '4k', not a positive"):
+        evaluate.context_limit(tmp_path)
+    (tmp_path / "config.json").write_text("{")
+    with pytest.raises(evaluate.InputError, match="config.json is not readable JSON"):
+        evaluate.context_limit(tmp_path)
+
+
+def test_the_run_command_on_a_4096_position_model_prints_one_line(tmp_path, monkeypatch, capsys):
+    from data_preprocess.common import write_rows
+    from exgrpo import cli
+
+    started = _stand_in_vllm(monkeypatch)
+    monkeypatch.delenv("EXGRPO_DEBUG", raising=False)
+    model, rows, longest = _model_folder(tmp_path / "Qwen2.5-Math-7B", {"max_position_embeddings": 4096})
+    data = write_rows(rows, tmp_path / "aime.parquet")
+    argv = ["run", "--checkpoint", str(model), "--data", str(data), "--out_dir", str(tmp_path / "out")]
+    assert cli.run(evaluate.main, argv, prog="exgrpo.tools.evaluate") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"exgrpo.tools.evaluate: error: model {model} accepts 4096 "
+                                                   f"positions") and f"set MAX_TOKENS={4096 - longest} " in err
+    assert started == []

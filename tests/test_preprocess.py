@@ -218,6 +218,79 @@ def test_math_cli_from_processed_fixture(tmp_path):
     assert all(p[0]["content"] == SYSTEM_PROMPT for p in frame["prompt"])  # their placeholder prompt replaced
 
 
+# The authors' AMC (AI-MO/aimo-validation-amc, train split): the first two rows as the hub gives them.
+AMC_RECORDS = [
+    {"id": 0, "problem": "$\\frac{m}{n}$ is the Irreducible fraction value of "
+                         "\\[3+\\frac{1}{3+\\frac{1}{3+\\frac13}}\\], what is the value of $m+n$?", "answer": 142.0,
+     "url": "https://artofproblemsolving.com/wiki/index.php/2022_AMC_12A_Problems/Problem_1"},
+    {"id": 1, "problem": "How many ways are there to split the integers $1$ through $14$ into $7$ pairs such that in "
+                         "each pair, the greater number is at least $2$ times the lesser number?", "answer": 144.0,
+     "url": "https://artofproblemsolving.com/wiki/index.php/2022_AMC_12A_Problems/Problem_10"},
+]
+
+
+def test_the_default_amc_is_the_authors_83_question_set_from_its_hub_source(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    calls = []
+
+    def fake_load_dataset(path, name=None, split=None):
+        calls.append((path, name, split))
+        return AMC_RECORDS
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    assert math_benchmarks.DEFAULT_BENCHMARKS == ["aime24", "aime25", "amc", "math500", "minerva", "olympiadbench"]
+    rows = math_benchmarks.build(["amc"])
+    assert calls == [("AI-MO/aimo-validation-amc", None, "train")]
+    assert len(rows) == 2 * 32 and {row["data_source"] for row in rows} == {"amc"}
+    assert [row["reward_model"]["ground_truth"] for row in rows[::32]] == ["142", "144"]
+    assert rows[0]["prompt"][1]["content"] == AMC_RECORDS[0]["problem"]
+    for row in rows:
+        check_row_layout(row)
+
+
+def test_the_authors_amc_questions_are_those_of_the_hub_set(shared_benchmarks):
+    """The authors' AMC rows open with the hub set's first questions, with the same answers (142.0, 144.0)."""
+    records = [r for r in read_local(shared_benchmarks / "math_test.parquet") if r["data_source"] == "amc"]
+    questions = list(dict.fromkeys((r["prompt"][1]["content"], r["reward_model"]["ground_truth"]) for r in records))
+    assert len(questions) == 83 and len(records) == 83 * 32
+    assert questions[:2] == [(record["problem"], f"{record['answer']}") for record in AMC_RECORDS]
+
+
+def test_amc23_is_never_built_beside_amc():
+    with pytest.raises(ValueError, match="--benchmarks amc and amc23 both build data_source amc"):
+        math_benchmarks.build(["amc", "amc23"], {"amc": "x.jsonl", "amc23": "y.jsonl"})
+
+
+def test_a_benchmark_on_other_rows_than_the_authors_is_named_in_a_warning():
+    def rows(source: str, questions: int, repeats: int) -> list[dict]:
+        return [{"data_source": source, "extra_info": {"qid": f"{source}{q}"}} for q in range(questions)
+                for _ in range(repeats)]
+
+    lines, warnings = math_benchmarks.rows_report(rows("amc", 83, 32) + rows("minerva", 272, 1) + rows("x", 2, 1))
+    assert lines == ["  amc: 83 questions, 2656 rows (83 × 32; the authors' 83 × 32)",
+                     "  minerva: 272 questions, 272 rows (272 × 1; the authors' 272 × 1)",
+                     "  x: 2 questions, 2 rows (2 × 1; the authors' unknown)"]
+    assert warnings == []
+    lines, warnings = math_benchmarks.rows_report(rows("amc", 40, 32) + rows("aime", 30, 4))
+    assert [warning.split(":")[0] for warning in warnings] == ["warning"] * 2
+    assert warnings[0].startswith("warning: amc is 40 × 32 (questions × samples), the authors' 83 × 32: its column "
+                                  "and the average over it are not comparable with the paper")
+    assert warnings[1].startswith("warning: aime is 30 × 4 (questions × samples), the authors' 30 × 32")
+
+
+def test_the_cli_warns_on_the_40_question_amc23_and_not_on_the_authors_file(tmp_path, shared_benchmarks):
+    amc23 = run_script("math_benchmarks", "--benchmarks", "amc23", "--local", f"amc23={FIXTURES / 'amc23.jsonl'}",
+                       "--output", str(tmp_path / "amc.parquet"))
+    assert amc23.returncode == 0 and "  amc: 2 questions, 64 rows (2 × 32; the authors' 83 × 32)" in amc23.stdout
+    assert amc23.stderr == ("math_benchmarks: warning: amc is 2 × 32 (questions × samples), the authors' 83 × 32: its "
+                            "column and the average over it are not comparable with the paper (build the default "
+                            "benchmarks with their default repeats, or import the authors' file with --processed)\n")
+    theirs = run_script("math_benchmarks", "--processed", str(shared_benchmarks / "math_test.parquet"), "--output",
+                        str(tmp_path / "math.parquet"))
+    assert theirs.returncode == 0 and theirs.stderr == ""
+    assert "  amc: 83 questions, 2656 rows (83 × 32; the authors' 83 × 32)" in theirs.stdout
+
+
 # ----------------------------------------------------------------------------------------------- OOD benchmarks
 def parse_options(user_text: str) -> dict[str, str]:
     return dict(re.findall(r"^([A-J])\) (.*)$", user_text, re.M))

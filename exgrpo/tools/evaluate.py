@@ -22,23 +22,29 @@ Two protocols (``--protocol``), each difference a row of docs/differences.md:
 
 Both generate from token ids built with the chat template the training used (the same ids verl's agent loop
 builds: one BOS for Llama, where a text prompt would get a second one from vLLM), with ``max_model_len`` = the
-longest prompt + ``max_tokens``. Files in ``--out_dir``: ``generations.jsonl`` (one line per row: qid, prompt,
-response), ``scores.jsonl`` (one line per response: its graded text, answer, score, error), ``results.md`` and
-``results.json``.
+longest prompt + ``max_tokens``, refused in one line before vLLM starts when the model's ``max_position_embeddings``
+is smaller. Files in ``--out_dir``: ``generations.jsonl`` (one line per row: qid, prompt, response),
+``scores.jsonl`` (one line per response: its graded text, answer, score, error), ``results.md`` and
+``results.json`` (each benchmark's rows beside the authors', a column on other rows marked not comparable).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import os
 import random
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -244,11 +250,18 @@ def checkpoint_label(checkpoint: Path) -> str:
     return f"{path.parent.name}_step{match.group(1)}" if match else path.name
 
 
+# the merge's lock and temporary folders (beside ``model``), and its record (in it)
+MERGE_LOCK, MERGE_RECORD, MERGE_TEMP_GLOB = "model.lock", "merged_from.json", ".model.merging-*"
+
+
 def resolve_model(checkpoint: str | Path, work_dir: str | Path) -> Path:
     """A Hugging Face folder for ``checkpoint``: itself, or the merge of a verl checkpoint's FSDP shards.
 
     The merge goes to ``work_dir/model`` and is reused while the shards it came from are unchanged (their sizes and
-    times are recorded beside it): evaluating a checkpoint under both protocols merges it once.
+    times are recorded beside it): evaluating a checkpoint under both protocols merges it once. Two evaluations of
+    one checkpoint started together (a protocol per GPU) share that folder, so the merge runs under a file lock, into
+    a temporary folder renamed into place when complete: the second one waits, then finds the merge and reuses it,
+    and no evaluation ever sees half-written weights.
     """
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
@@ -259,25 +272,81 @@ def resolve_model(checkpoint: str | Path, work_dir: str | Path) -> Path:
     if actor is None:
         raise InputError(f"checkpoint {checkpoint} is neither a Hugging Face model folder (config.json + weights) "
                          "nor a verl checkpoint (global_step_N with actor/model_world_size_*_rank_*.pt)")
-    target = Path(work_dir) / "model"
+    work_dir = Path(work_dir)
+    target = work_dir / "model"
     stamp = {"actor": str(actor.resolve()),
              "shards": {p.name: [p.stat().st_size, int(p.stat().st_mtime)]
                         for p in sorted(actor.glob("model_world_size_*_rank_*.pt"))}}
-    record = target / "merged_from.json"
-    if record.is_file() and json.loads(record.read_text()) == stamp and is_hf_model(target):
-        print(f"[eval] merged model of {actor} found: {target}", flush=True)
-        return target
-    print(f"[eval] merging {actor} with verl's model merger -> {target}", flush=True)
-    start = time.perf_counter()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with _merge_lock(work_dir / MERGE_LOCK):
+        if merged_from(target) == stamp and is_hf_model(target):
+            print(f"[eval] merged model of {actor} found: {target}", flush=True)
+            return target
+        for leftover in work_dir.glob(MERGE_TEMP_GLOB):  # of a merge that was killed: nobody else merges here now
+            shutil.rmtree(leftover, ignore_errors=True)
+        print(f"[eval] merging {actor} with verl's model merger -> {target}", flush=True)
+        start = time.perf_counter()
+        temporary = Path(tempfile.mkdtemp(prefix=MERGE_TEMP_GLOB.rstrip("*"), dir=work_dir))
+        try:
+            run_model_merger(actor, temporary)
+            if not is_hf_model(temporary):
+                raise RuntimeError(f"verl's model merger wrote no config.json and weights into {temporary}")
+            write_atomically(temporary / MERGE_RECORD, json.dumps(stamp, indent=1) + "\n")
+            if target.exists():  # an older merge (other shards): out of the way before the rename
+                stale = Path(tempfile.mkdtemp(prefix=MERGE_TEMP_GLOB.rstrip("*"), dir=work_dir))
+                target.rename(stale / "model")
+                shutil.rmtree(stale, ignore_errors=True)
+            temporary.rename(target)
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)  # nothing left when the rename has happened
+    print(f"[eval] merged in {time.perf_counter() - start:.0f} s", flush=True)
+    return target
+
+
+@contextmanager
+def _merge_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` while the block runs (one per open file: threads exclude each other too)."""
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"[eval] another evaluation is merging into {path.parent}: waiting for it ({path})", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def merged_from(target: Path) -> dict[str, Any] | None:
+    """The record of what ``target`` was merged from, or None (no merge, or a record nobody could trust)."""
+    try:
+        record = json.loads((target / MERGE_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole or not at all: written beside it, then renamed over it."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def run_model_merger(actor: Path, target: Path) -> None:
+    """verl's model merger, FSDP shards of ``actor`` -> a Hugging Face folder ``target``."""
     command = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor),
                "--target_dir", str(target)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
         raise RuntimeError(f"verl's model merger failed on {actor} ({' '.join(command)}):\n{tail}")
-    record.write_text(json.dumps(stamp, indent=1) + "\n")
-    print(f"[eval] merged in {time.perf_counter() - start:.0f} s", flush=True)
-    return target
 
 
 @dataclass
@@ -293,6 +362,53 @@ class EngineSettings:
     dtype: str = "auto"
     enforce_eager: bool = False
     chat_template: str | None = None  # a Jinja template instead of the model's own (the run's CHAT_TEMPLATE)
+
+
+def context_limit(model: str | Path) -> int | None:
+    """The positions the model accepts, as vLLM reads them here: ``max_position_embeddings`` of its config.json.
+
+    None where that does not decide it: no such key, a RoPE scaling (``rope_scaling``, or transformers 5's
+    ``rope_parameters``, of a type other than ``default``: vLLM scales the limit by it), or
+    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` set (vLLM then accepts a longer context on purpose).
+    """
+    path = Path(model) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path} is not readable JSON ({exc})") from exc
+    if not isinstance(config, Mapping) or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+        return None
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = config.get(key)
+        if isinstance(rope, Mapping) and rope.get("rope_type", rope.get("type", "default")) != "default":
+            return None
+    limit = config.get("max_position_embeddings")
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InputError(f"{path}: max_position_embeddings is {limit!r}, not a positive integer")
+    return limit
+
+
+def check_context(model: str | Path, longest_prompt: int, max_tokens: int) -> None:
+    """Refuse, in one line saying what to set, a context the model cannot hold, before vLLM is started.
+
+    vLLM is asked for ``max_model_len`` = the longest prompt + ``max_tokens``; past the model's positions it fails
+    deep in its start-up. Qwen2.5-Math-7B ships 4,096 positions, fewer than the paper's 8,192 new tokens alone.
+    """
+    limit = context_limit(model)
+    need = longest_prompt + max_tokens
+    if limit is None or need <= limit:
+        return
+    room = limit - longest_prompt
+    fix = (f"set MAX_TOKENS={room} (--max_tokens {room}; responses then stop before the paper's 8192 tokens) or "
+           if room >= 1 else "")
+    raise InputError(f"model {model} accepts {limit} positions (max_position_embeddings in its config.json), fewer "
+                     f"than the longest prompt ({longest_prompt} tokens) + max_tokens {max_tokens} = {need}: {fix}"
+                     "evaluate the 16k model (its config.json raised to 16384 positions, as the authors' "
+                     "Qwen2.5-Math-7B-16k)")
 
 
 def generate(model: str | Path, records: Sequence[Mapping[str, Any]], output: str | Path, protocol: Protocol,
@@ -313,6 +429,7 @@ def generate(model: str | Path, records: Sequence[Mapping[str, Any]], output: st
     prompts = [ids for _, ids in rendered]
     longest = max(len(ids) for ids in prompts)
     max_model_len = longest + settings.max_tokens
+    check_context(model, longest, settings.max_tokens)
     print(f"[eval] {len(prompts)} prompts ({protocol.name} protocol), longest {longest} tokens; max_model_len "
           f"{max_model_len}", flush=True)
     llm = LLM(model=str(model), tensor_parallel_size=settings.tensor_parallel_size, seed=settings.seed,
@@ -427,16 +544,26 @@ def summarize(scored: Iterable[Mapping[str, Any]], protocol: Protocol | str = "o
 
 
 def markdown_table(summary: Mapping[str, Any]) -> str:
-    """The per-benchmark detail: score, k, questions, responses, grading timeouts."""
-    lines = ["| benchmark | score (%) | k | questions | responses | timeouts |", "|---|---:|---:|---:|---:|---:|"]
+    """The per-benchmark detail: score, k, questions, responses, grading timeouts, the authors' rows (questions ×
+    samples) and whether the score is comparable with the paper's (yes, no, ? where the authors' rows are not known
+    here, – for a benchmark the paper does not have)."""
+    checked = paper_results.comparability(summary["benchmarks"])
+    lines = ["| benchmark | score (%) | k | questions | responses | timeouts | the authors' rows | comparable |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    verdict = {True: "yes", False: "no", None: "?"}
     for source, row in summary["benchmarks"].items():
         k = str(row["k_min"]) if row["k_min"] == row["k_max"] else f"{row['k_min']}-{row['k_max']}"
+        rows = checked["benchmarks"][source]
+        paper_benchmark = source in paper_results.AUTHORS_ROWS  # else one of ours: nothing to compare with
+        theirs = rows["authors_rows"] or ("?" if paper_benchmark else "–")
+        comparable = verdict[rows["comparable"]] if paper_benchmark else "–"
         lines.append(f"| {source} | {row['score']:.1f} | {k} | {row['questions']} | {row['responses']} | "
-                     f"{row['timeouts']} |")
+                     f"{row['timeouts']} | {theirs} | {comparable} |")
     for key, label in (("in_distribution_avg", "in-distribution avg"), ("ood_avg", "OOD avg"),
                        ("all_avg", "all benchmarks avg")):
         if summary.get(key) is not None:
-            lines.append(f"| **{label}** | {summary[key]:.1f} | | | | |")
+            comparable = verdict[checked[key]] if key in checked else ""
+            lines.append(f"| **{label}** | {summary[key]:.1f} | | | | | | {comparable} |")
     return "\n".join(lines) + "\n"
 
 
@@ -455,7 +582,8 @@ def write_tables(summary: Mapping[str, Any], out_dir: str | Path, label: str = "
     md_path.write_text(results_markdown(summary, label, backbone), encoding="utf-8")
     paper_rows = paper_results.rows_for(backbone) if backbone else {}
     document = {"label": label, **summary, "paper_backbone": backbone,
-                "paper_reported": {method: dict(values) for method, values in paper_rows.items()}}
+                "paper_reported": {method: dict(values) for method, values in paper_rows.items()},
+                "rows_vs_authors": paper_results.comparability(summary["benchmarks"])}
     json_path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return md_path, json_path
 

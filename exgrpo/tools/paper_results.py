@@ -3,6 +3,10 @@
 Numbers as the paper reports them (Zhan et al., arXiv 2510.02245: its main table for Qwen2.5-Math-7B and the LUFFY
 continual runs, its model-extension table for the other backbones; pass@1 in %, avg@32 for AIME24/25 and AMC,
 temperature 0.6). They are the paper's figures, never measured here; ``layout_table`` marks them so.
+
+A measured column is comparable with them only on the authors' rows: ``AUTHORS_ROWS`` holds each benchmark's
+questions and samples as the authors' files give them, and ``layout_table`` marks a column measured on other rows
+(another AMC set, a ``QUESTIONS``/``SAMPLES`` slice) and every average that takes it in.
 """
 
 from __future__ import annotations
@@ -15,6 +19,15 @@ IN_DISTRIBUTION = ("aime", "aime25", "amc", "math", "minerva", "olympiad_bench")
 OUT_OF_DISTRIBUTION = ("arc_c", "gpqa", "mmlu_pro")
 COLUMN_NAMES = {"aime": "AIME24", "aime25": "AIME25", "amc": "AMC", "math": "MATH-500", "minerva": "Minerva",
                 "olympiad_bench": "Olympiad", "arc_c": "ARC-c", "gpqa": "GPQA-diamond", "mmlu_pro": "MMLU-Pro"}
+
+# data_source -> (questions, samples of each) in the authors' evaluation files, counted in ../shared/data/benchmarks:
+# math_test.parquet (6,023 rows: AIME24 and AIME25 30 x 32, AMC 2022 + 2023 83 x 32, MATH-500, Minerva, OlympiadBench),
+# arc_c_test.parquet, gpqa_diamond_test.parquet. None: the authors' MMLU-Pro file is not among them, so its rows
+# cannot be checked.
+AUTHORS_ROWS: dict[str, tuple[int, int] | None] = {
+    "aime": (30, 32), "aime25": (30, 32), "amc": (83, 32), "math": (500, 1), "minerva": (272, 1),
+    "olympiad_bench": (675, 1), "arc_c": (1172, 1), "gpqa": (198, 1), "mmlu_pro": None}
+NOT_COMPARABLE, UNCHECKED = "†", "?"
 
 # backbone -> method -> (the six in-distribution scores, their average, the three OOD scores, their average)
 _REPORTED: dict[str, dict[str, tuple[float, ...]]] = {
@@ -70,31 +83,93 @@ def backbone_of(path: str) -> str | None:
     return next((backbone for marker, backbone in _PATH_MARKERS if marker in text), None)
 
 
+def rows_text(questions: int, k_min: int, k_max: int | None = None) -> str:
+    """``questions × samples`` (``30 × 32``; ``30 × 1-32`` where questions have different numbers of samples)."""
+    k_max = k_min if k_max is None else k_max
+    return f"{questions} × {k_min if k_min == k_max else f'{k_min}-{k_max}'}"
+
+
+def comparability(benchmarks: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Each measured benchmark's rows beside the authors', and whether its score (and each average) is comparable.
+
+    ``comparable`` is True on the authors' questions × samples, False on other rows, None where the authors' rows are
+    not known here (MMLU-Pro, benchmarks of our own). An average is False when a column it takes in is False or one
+    of its columns is missing, None when one is unchecked. Counts only: the same number of other questions passes.
+    """
+    per_source = {}
+    for source, row in benchmarks.items():
+        authors = AUTHORS_ROWS.get(source)
+        same = None if authors is None else (row["questions"], row["k_min"], row["k_max"]) == (authors[0], authors[1],
+                                                                                               authors[1])
+        per_source[source] = {"rows": rows_text(row["questions"], row["k_min"], row["k_max"]),
+                              "authors_rows": None if authors is None else rows_text(*authors), "comparable": same}
+
+    def average(names: tuple[str, ...]) -> bool | None:
+        marks = [per_source[name]["comparable"] if name in per_source else False for name in names]
+        return False if False in marks else None if None in marks else True
+
+    return {"benchmarks": per_source, "in_distribution_avg": average(IN_DISTRIBUTION),
+            "ood_avg": average(OUT_OF_DISTRIBUTION)}
+
+
 def _cell(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f}"
 
 
 def layout_table(summary: Mapping[str, Any], label: str, backbone: str | None) -> str:
-    """This checkpoint's row in the paper's layout (nine benchmarks, two averages), then the paper's rows for
-    ``backbone``, each marked as reported by the paper. An average over fewer benchmarks than the paper's says so."""
+    """This checkpoint's row in the paper's layout (nine benchmarks, two averages), its rows (questions × samples)
+    beside the authors', then the paper's rows for ``backbone``, each marked as reported by the paper.
+
+    A score measured on other rows than the authors' is marked †, and so is an average that takes one in; a
+    footnote names them. An average over fewer benchmarks than the paper's says so."""
     header = ["model", *(COLUMN_NAMES[k] for k in IN_DISTRIBUTION), "ID avg",
               *(COLUMN_NAMES[k] for k in OUT_OF_DISTRIBUTION), "OOD avg"]
     benchmarks = summary["benchmarks"]
-    cells = [f"**{label}** (measured, {summary['protocol']} protocol)"]
-    cells += [_cell(benchmarks[k]["score"] if k in benchmarks else None) for k in IN_DISTRIBUTION]
-    average = _cell(summary.get("in_distribution_avg"))
-    count = summary.get("in_distribution_count", len(IN_DISTRIBUTION))
-    cells.append(average if count in (0, len(IN_DISTRIBUTION)) else f"{average} ({count} of {len(IN_DISTRIBUTION)})")
-    cells += [_cell(benchmarks[k]["score"] if k in benchmarks else None) for k in OUT_OF_DISTRIBUTION]
-    average = _cell(summary.get("ood_avg"))
-    count = summary.get("ood_count", len(OUT_OF_DISTRIBUTION))
-    cells.append(average if count in (0, len(OUT_OF_DISTRIBUTION)) else
-                 f"{average} ({count} of {len(OUT_OF_DISTRIBUTION)})")
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|", "| " + " | ".join(cells) + " |"]
+    checked = comparability(benchmarks)
+    rows = checked["benchmarks"]
+
+    def score(source: str) -> str:
+        if source not in benchmarks:
+            return _cell(None)
+        mark = {False: f" {NOT_COMPARABLE}", None: f" {UNCHECKED}"}.get(rows[source]["comparable"], "")
+        return _cell(benchmarks[source]["score"]) + mark
+
+    def average(key: str, names: tuple[str, ...]) -> str:
+        text = _cell(summary.get(f"{key}_avg"))
+        count = summary.get(f"{key}_count", len(names))
+        text = text if count in (0, len(names)) else f"{text} ({count} of {len(names)})"
+        marked = any(rows[name]["comparable"] is False for name in names if name in rows)
+        return f"{text} {NOT_COMPARABLE}" if marked else text
+
+    def sizes(source: str) -> str:
+        authors = AUTHORS_ROWS[source]
+        theirs = UNCHECKED if authors is None else rows_text(*authors)
+        return f"{rows[source]['rows'] if source in rows else _cell(None)} ({theirs})"
+
+    cells = [f"**{label}** (measured, {summary['protocol']} protocol)", *(score(k) for k in IN_DISTRIBUTION),
+             average("in_distribution", IN_DISTRIBUTION), *(score(k) for k in OUT_OF_DISTRIBUTION),
+             average("ood", OUT_OF_DISTRIBUTION)]
+    size_cells = ["rows: questions × samples (the authors')", *(sizes(k) for k in IN_DISTRIBUTION), "",
+                  *(sizes(k) for k in OUT_OF_DISTRIBUTION), ""]
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|",
+             "| " + " | ".join(cells) + " |", "| " + " | ".join(size_cells) + " |"]
     if backbone:
         for method, values in rows_for(backbone).items():
             lines.append("| " + " | ".join([f"{method}, {backbone} (paper, reported)",
                                             *(_cell(values[k]) for k in KEYS)]) + " |")
-    note = ("" if backbone else "\nNo paper rows: the checkpoint's path names none of the paper's backbones "
-            f"({', '.join(BACKBONES)}); pass --backbone (BACKBONE=) to choose one.\n")
-    return "\n".join(lines) + "\n" + note
+    notes = []
+    differ = [k for k in (*IN_DISTRIBUTION, *OUT_OF_DISTRIBUTION) if k in rows and rows[k]["comparable"] is False]
+    if differ:
+        listed = "; ".join(f"{COLUMN_NAMES[k]} {rows[k]['rows']}, the authors' {rows[k]['authors_rows']}"
+                           for k in differ)
+        notes.append(f"{NOT_COMPARABLE} not comparable with the paper: measured on other rows than the authors' "
+                     f"({listed}); an average marked {NOT_COMPARABLE} takes such a column in. The authors' files, "
+                     "imported with --processed, are the paper-comparable rows (docs/tools.md).")
+    unchecked = [k for k in (*IN_DISTRIBUTION, *OUT_OF_DISTRIBUTION) if k in rows and rows[k]["comparable"] is None]
+    if unchecked:
+        notes.append(f"{UNCHECKED} rows not checked: the authors' {', '.join(COLUMN_NAMES[k] for k in unchecked)} "
+                     "file is not among the files counted here.")
+    if not backbone:
+        notes.append("No paper rows: the checkpoint's path names none of the paper's backbones "
+                     f"({', '.join(BACKBONES)}); pass --backbone (BACKBONE=) to choose one.")
+    return "\n".join(lines) + "\n" + "".join(f"\n{note}\n" for note in notes)
