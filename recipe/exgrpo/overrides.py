@@ -5,11 +5,14 @@ preset, then yours. Passed to hydra as one list, a key set twice with different 
 profile adds ``+reward.custom_reward_function.reward_kwargs.strict_format=true`` (a key verl's yaml does not have),
 and a user's ``reward.custom_reward_function.reward_kwargs.strict_format=false`` after it is refused by hydra
 ("Could not override ..."), or, deduplicated by hand, loses the ``+`` hydra needs. Here every override is parsed by
-``hydra.core.override_parser``; for each key the last layer's value wins, and its prefix is the one hydra needs for
-that key in the recipe's composed yaml: none for a key the yaml has, ``+`` for one it lacks (where a layer asked to
-add it), ``++`` kept where one was written. A key no layer may set (a typo) is refused in one line that names it,
-before anything starts; the merged list is then composed by hydra exactly as the entry point will compose it, so
-anything else hydra would refuse is refused here too.
+``hydra.core.override_parser``, and the last layer's value wins whatever shape the layers wrote it in: a dotted key
+(``exgrpo.rho=0.3``) or a dict on a node above it (``exgrpo={rho:0.2}``). hydra applies overrides in order, so an
+override goes only when a later one leaves nothing of it (the same key or one above it, set to anything but a dict,
+which hydra merges into the node, or deleted), and overrides of overlapping keys keep the order they were written in;
+each key otherwise stays at its first place. The prefix is the one hydra needs for that key at that point: none for
+a key the config has, ``+`` for one it lacks (where a layer asked to add it), ``++`` kept where one was written. A key
+no layer may set (a typo) is refused in one line that names it, before anything starts; the merged list is then
+applied by hydra exactly as the entry point will apply it, so anything else hydra would refuse is refused here too.
 
 Used by ``run_scripts/_launch.sh``::
 
@@ -22,8 +25,10 @@ prints the merged overrides, each ending in a NUL byte (values may hold newlines
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import hashlib
+import heapq
 import importlib.metadata
 import importlib.util
 import os
@@ -198,59 +203,130 @@ def _near(config: DictConfig, key: str) -> list[str]:
     return []
 
 
+def _below(key: str, other: str) -> bool:
+    """Whether ``key`` is ``other`` or a key inside it."""
+    return key == other or key.startswith(other + ".")
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether two keys touch the same node (one is the other or inside it): hydra's order between them matters."""
+    return _below(a, b) or _below(b, a)
+
+
+def _replaces(entry: Entry) -> bool:
+    """Whether applying ``entry`` leaves nothing of what earlier overrides wrote at or below its key.
+
+    hydra merges a dict value into the node there (keys the dict does not name keep what earlier overrides set);
+    any other value takes the node's place, and a deletion removes it.
+    """
+    return entry.override.is_delete() or not isinstance(entry.override.value(), dict)
+
+
+def _kept(entries: Sequence[Entry]) -> tuple[list[tuple[int, Entry]], set[str]]:
+    """The entries a later one does not wholly undo, with their places; and the keys deleted after being set."""
+    kept: list[tuple[int, Entry]] = []
+    undone: set[str] = set()  # deleted keys that an earlier layer had set (itself or below it)
+    for index, entry in enumerate(entries):
+        if _replaces(entry):
+            gone = [item for item in kept if _below(item[1].key, entry.key)]
+            if gone and entry.override.is_delete():
+                undone.add(entry.key)
+            kept = [item for item in kept if item not in gone]
+        kept.append((index, entry))
+    return kept, undone
+
+
+def _order(kept: Sequence[tuple[int, Entry]], first: dict[str, int]) -> list[Entry]:
+    """Each entry at its key's first place, except that entries of overlapping keys keep their written order.
+
+    Overrides of disjoint keys commute in hydra, so only overlapping pairs constrain; among the entries free to go
+    next, the one whose key came first goes first (a topological order of the written order's overlaps).
+    """
+    successors: list[list[int]] = [[] for _ in kept]
+    waiting = [0] * len(kept)
+    for j, (_, later) in enumerate(kept):
+        for i in range(j):
+            if _overlap(kept[i][1].key, later.key):
+                successors[i].append(j)
+                waiting[j] += 1
+    ready = [(first[entry.key], index, j) for j, (index, entry) in enumerate(kept) if not waiting[j]]
+    heapq.heapify(ready)
+    ordered = []
+    while ready:
+        *_, j = heapq.heappop(ready)
+        ordered.append(kept[j][1])
+        for k in successors[j]:
+            waiting[k] -= 1
+            if not waiting[k]:
+                heapq.heappush(ready, (first[kept[k][1].key], kept[k][0], k))
+    return ordered
+
+
 def merge(entries: Sequence[Entry], base: DictConfig) -> list[str]:
-    """Each key once, at its first place, with its last value and the prefix hydra needs in ``base``.
+    """The overrides hydra needs to end with each layer's settings applied in order, the last layer's winning.
 
     ``base`` is the recipe config composed with the config-group choices only, i.e. what plain overrides apply to.
-    A key ``base`` has gets no prefix (a ``+`` on it would be refused), or ``++`` where the winning layer wrote it.
-    A key ``base`` lacks gets ``+`` if any layer added it (so a later plain override of it keeps working), else it is
-    a key that cannot be set: refused, with the nearest existing keys. A deletion (``~key``) wins like a value:
-    the key's earlier settings and those of its children are dropped, and ``~key`` is passed on only if ``base``
-    holds something to delete.
+    An override goes when a later one wholly undoes it (:func:`_replaces`); overrides of overlapping keys keep their
+    written order, so a dotted key after a dict on a node above it wins, and the other way round (:func:`_order`).
+    The merged overrides are applied to a copy of ``base`` one by one with hydra's own routine, so that each gets the
+    prefix hydra needs at its place. A key the config has by then gets none, or the ``++`` the layer wrote, or its
+    ``+`` before a dict or a list (hydra takes those on an existing key, and lets the dict add keys the node lacks).
+    A key it lacks gets ``+`` if any layer added it or a key inside it, or if ``base`` had it (a later layer's
+    setting of a node an earlier one deleted); else it is a key that cannot be set: refused, with the nearest existing
+    keys. A deletion (``~key``) is passed on only if there is something to delete. What hydra refuses is refused in
+    one line naming the override and its layer.
     """
-    order: list[str] = []
-    last: dict[str, Entry] = {}
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    first: dict[str, int] = {}
     added: set[str] = set()
-    undone: set[str] = set()  # deleted keys that an earlier layer had set (itself or below it)
-    for entry in entries:
-        key = entry.key
-        if entry.override.is_delete():
-            children = [k for k in order if k.startswith(key + ".")]
-            if children or key in last:
-                undone.add(key)
-            for other in children:
-                order.remove(other)
-                last.pop(other)
-        if key not in last:
-            order.append(key)
-        last[key] = entry
+    for index, entry in enumerate(entries):
+        first.setdefault(entry.key, index)
         if entry.override.type in (OverrideType.ADD, OverrideType.FORCE_ADD):
-            added.add(key)
+            added.add(entry.key)
+    kept, undone = _kept(entries)
+    kinds = {prefix: kind for kind, prefix in _PREFIX.items()}
+    config = copy.deepcopy(base)  # the config as hydra has it after the overrides merged so far
     merged = []
-    for key in order:
-        entry = last[key]
-        kind = entry.override.type
-        exists = _exists(base, key)
-        if kind == OverrideType.DEL:
-            if OmegaConf.select(base, key, throw_on_missing=False) is not None:
-                merged.append(entry.override.input_line)
-            elif not exists and key not in undone:
-                raise OverrideError(f"{entry.describe()}: the config has no {key} to delete")
+    for entry in _order(kept, first):
+        prefix = _prefix(entry, config, base, added, undone)
+        if prefix is None:
             continue
-        if exists:
-            prefix = "++" if kind == OverrideType.FORCE_ADD else ""
-        elif kind == OverrideType.FORCE_ADD:
-            prefix = "++"
-        elif key in added:
-            prefix = "+"
-        else:
-            near = _near(base, key)
-            hint = f" (did you mean {' or '.join(near)}?)" if near else ""
-            raise OverrideError(
-                f"{entry.describe()}: the config has no key {key}{hint}; to add a new key, write +{entry.text}"
-            )
-        merged.append(prefix + entry.text)
+        line = entry.override.input_line if entry.override.is_delete() else prefix + entry.text
+        override = dataclasses.replace(entry.override, type=kinds[prefix], input_line=line)  # as hydra parses it
+        try:
+            ConfigLoaderImpl._apply_overrides_to_config([override], config)
+        except (HydraException, OmegaConfBaseException) as error:
+            raise OverrideError(f"{entry.describe()}: hydra refuses it: {_one_line(error)}") from None
+        merged.append(line)
     return merged
+
+
+def _prefix(entry: Entry, config: DictConfig, base: DictConfig, added: set[str], undone: set[str]) -> str | None:
+    """The prefix hydra needs for ``entry`` on ``config`` (None: a deletion with nothing left to delete)."""
+    key, kind = entry.key, entry.override.type
+    exists = _exists(config, key)
+    if kind == OverrideType.DEL:
+        if OmegaConf.select(config, key, throw_on_missing=False) is not None:
+            return _PREFIX[kind]
+        if exists or key in undone or _exists(base, key):
+            return None
+        raise OverrideError(f"{entry.describe()}: the config has no {key} to delete")
+    if exists and kind == OverrideType.ADD and isinstance(entry.override.value(), dict | list):
+        prefix = "+"  # hydra takes this + (on a dict it also lets the merge add keys the node lacks)
+    elif exists:
+        prefix = "++" if kind == OverrideType.FORCE_ADD else ""
+    elif kind == OverrideType.FORCE_ADD:
+        prefix = "++"
+    elif any(_below(other, key) for other in added) or _exists(base, key):
+        prefix = "+"  # a layer added it, or a key inside it (which hydra would have created it for)
+    else:
+        near = _near(base, key)
+        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+        raise OverrideError(
+            f"{entry.describe()}: the config has no key {key}{hint}; to add a new key, write +{entry.text}"
+        )
+    return prefix
 
 
 def check(merged: Sequence[str], base: DictConfig) -> None:

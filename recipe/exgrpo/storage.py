@@ -10,9 +10,13 @@ node read the marker and the model's ``config.json`` (:func:`check_every_node`).
 none, stops the run with one line naming the folder and the node.
 
 verl removes old actor checkpoints itself (``max_actor_ckpt_to_keep``) on the node of actor rank 0. The pool file
-of a step is useless without its weights and is removed with them, but only once verl's rank 0 has recorded that it
-removed that step's ``actor/`` (:func:`record_removed_actor`): a missing folder may just be one this node cannot
-see, and inferring removal from absence would delete every older pool on such a node.
+of a step is useless without its weights and is removed with them, but only when both hold (:func:`actor_removed`):
+verl's rank 0 recorded removing that step's ``actor/`` (:func:`record_removed_actor`), and the folder is gone. The
+absence alone is no evidence: a node that cannot see the checkpoint folder sees no ``actor/`` anywhere, and would
+delete every older pool (it sees no record either). The record alone is not enough: a later launch in the same
+folder (``trainer.resume_mode=disable``, or a rerun that saves a step an earlier launch rotated away) saves that step
+anew beside the old record, and pruning on it would delete a pool whose actor is there, so that resuming from the step
+fails. Saving a step therefore clears its folder's record first (:func:`clear_removed_actor`).
 """
 
 from __future__ import annotations
@@ -167,5 +171,22 @@ def record_removed_actor(paths: Iterable[str], step: int) -> list[str]:
 
 
 def actor_removed(step_folder: str) -> bool:
-    """Whether verl's rank 0 recorded removing this step's actor checkpoint."""
-    return os.path.isfile(os.path.join(step_folder, REMOVED_ACTOR_RECORD))
+    """Whether this step's actor checkpoint is gone for good: verl's rank 0 recorded removing it, and it is absent.
+
+    A record beside an ``actor/`` that exists is stale (a later save of the same step), never a reason to prune.
+    """
+    return os.path.isfile(os.path.join(step_folder, REMOVED_ACTOR_RECORD)) and not os.path.exists(
+        os.path.join(step_folder, "actor")
+    )
+
+
+def clear_removed_actor(step_folder: str) -> bool:
+    """Remove the record in a step folder about to be saved again (an earlier launch's); returns whether one was there.
+
+    Called before anything of the step is written, so no file of the new save ever sits beside an old record.
+    """
+    try:
+        os.remove(os.path.join(step_folder, REMOVED_ACTOR_RECORD))
+    except FileNotFoundError:
+        return False
+    return True

@@ -64,7 +64,7 @@ from recipe.exgrpo.records import (
     scalar_reward,
 )
 from recipe.exgrpo.settings import PENDING_FILE_NAME, POOL_FILE_NAME, check_verl_settings, load_settings
-from recipe.exgrpo.storage import actor_removed
+from recipe.exgrpo.storage import actor_removed, clear_removed_actor
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -572,9 +572,13 @@ class ExGRPOTrainer(PPOTrainerSync):
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self):
         """Deferred fresh rows and pool first, then the parent (which writes the tracker file last): the tracker
-        never names a step whose ExGRPO files are missing."""
+        never names a step whose ExGRPO files are missing.
+
+        Before anything, the step folder's record of a removed actor goes (an earlier launch's, that rotated this
+        step away): the files saved now must never sit beside it (``storage.actor_removed``)."""
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        clear_removed_actor(folder)
         if self.exgrpo_enabled:
-            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
             pending = self.fresh_source.pending_qids()
             save_pending_qids(os.path.join(folder, PENDING_FILE_NAME), pending)
             if hold_requested("pool_rename", self.global_steps):  # the crash test: die with the file half-saved
@@ -650,12 +654,15 @@ class ExGRPOTrainer(PPOTrainerSync):
 
 
 def prune_pool_files(root: str, current_step: int) -> list[str]:
-    """Delete ExGRPO files of older steps whose actor checkpoint verl recorded removing (max_actor_ckpt_to_keep).
+    """Delete ExGRPO files of older steps whose actor checkpoint verl removed (max_actor_ckpt_to_keep).
 
     verl deletes only ``global_step_N/actor``; a pool file left behind can be gigabytes and is useless without
-    the weights it belongs to (the deferred-rows file goes with it). The evidence is the record verl's rank 0
-    leaves beside the folder it removed (``storage.record_removed_actor``), never the folder's absence: on a node
-    that does not see the checkpoint folder every ``actor/`` is absent. Returns the deleted paths.
+    the weights it belongs to (the deferred-rows file goes with it). A step's files go only when both the record
+    verl's rank 0 leaves beside the folder it removed (``storage.record_removed_actor``) and the folder's absence
+    say so (``storage.actor_removed``): on a node that does not see the checkpoint folder every ``actor/`` is
+    absent, and a record beside an ``actor/`` that is there is an earlier launch's. Steps verl never rotated (those
+    an earlier launch saved: its list of kept checkpoints starts empty at each launch) are never touched. Returns
+    the deleted paths.
     """
     removed = []
     if not os.path.isdir(root):

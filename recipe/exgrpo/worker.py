@@ -129,8 +129,9 @@ class ExGRPOActorRolloutRefWorker(ActorRolloutRefWorker):
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
         """verl's save; then rank 0, which removes old actor checkpoints (max_ckpt_to_keep), records each it removed.
 
-        The trainer prunes a step's pool file only on that record (``storage.record_removed_actor``). What verl
-        removed is read from its checkpoint manager's own list of kept paths, before and after the save.
+        The trainer prunes a step's pool file only on that record (``storage.record_removed_actor``) and the actor
+        folder's absence (``storage.actor_removed``). What verl removed is read from its checkpoint manager's own
+        list of kept paths, before and after the save.
         """
         manager = getattr(getattr(self.actor, "engine", None), "checkpoint_manager", None)
         kept = list(getattr(manager, "previous_saved_paths", None) or [])

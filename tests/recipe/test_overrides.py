@@ -3,6 +3,7 @@ needs, and a one-line refusal of what hydra would refuse, before anything starts
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
@@ -167,3 +168,64 @@ def test_the_cached_base_config_equals_a_fresh_composition_and_follows_the_yaml(
         ov.check(["trainer.nope=1"], cached)
     other = ov.base_config(["actor@actor_rollout_ref.actor=dp_actor"], cache_dir=tmp_path)
     assert len(list(tmp_path.glob("base-*.yaml"))) == 2 and other.actor_rollout_ref.actor.strategy == "fsdp"
+
+
+def test_a_dotted_key_after_a_dict_on_its_parent_wins_in_what_hydra_composes(base):
+    """The issue's case: a profile's ``exgrpo.rho=0.1``, a later layer's ``exgrpo={rho:0.2}``, your ``exgrpo.rho=0.3``.
+    Kept at its first place, your value came before the dict and the run used 0.2."""
+    for profile, layer in (("exgrpo.rho=0.1", "exgrpo={rho:0.2}"), ("++exgrpo.rho=0.1", "+exgrpo={rho:0.2}")):
+        out = merged(base, ("profile", [profile, "trainer.total_training_steps=7"]), ("script", [layer]),
+                     ("user", ["exgrpo.rho=0.3"]))
+        assert out.index("exgrpo.rho=0.3") > out.index(layer), out
+        config = compose_config(out)
+        assert config.exgrpo.rho == 0.3 and config.actor_rollout_ref.exgrpo.rho == 0.3
+        assert config.exgrpo.beta == 0.1 and config.trainer.total_training_steps == 7  # nothing else touched
+
+
+def test_a_dict_after_a_dotted_key_wins_and_keeps_what_it_does_not_name(base):
+    """The reverse: a later dict beats an earlier dotted key it names; hydra merges a dict into the node, so the
+    earlier layers' keys it does not name (beta, and an added key) keep their values."""
+    strict = "reward.custom_reward_function.reward_kwargs.strict_format"
+    out = merged(base, ("profile", ["exgrpo.rho=0.1", "exgrpo.beta=0.25", f"+{strict}=true"]),
+                 ("user", ["exgrpo={rho:0.2,mu:0.75}", "reward.custom_reward_function.reward_kwargs={}"]))
+    config = compose_config(out)
+    assert (config.exgrpo.rho, config.exgrpo.beta, config.exgrpo.mu) == (0.2, 0.25, 0.75)
+    assert config.reward.custom_reward_function.reward_kwargs.strict_format is True
+    # A value that is not a dict takes the node's place: what earlier layers set inside it goes, and the node the
+    # profile's + created (verl's yaml has no reward_kwargs) takes the user's plain override with that +.
+    out = merged(base, ("profile", [f"+{strict}=true", "exgrpo.rho=0.1"]),
+                 ("user", ["reward.custom_reward_function.reward_kwargs=null"]))
+    assert out == ["exgrpo.rho=0.1", "+reward.custom_reward_function.reward_kwargs=null"]
+    assert compose_config(out).reward.custom_reward_function.reward_kwargs is None
+
+
+def test_the_merged_list_resolves_as_every_layer_applied_in_order_whatever_shapes_they_wrote():
+    """Every sequence of three layers (one override each) over a node and its keys, in every shape: where hydra
+    accepts the layers as one list, the merged list resolves to the same config (applied by hydra's own routine)."""
+    import itertools
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    small = OmegaConf.create({"exgrpo": {"rho": 0.5, "beta": 0.1}, "trainer": {"nnodes": 1}})
+    OmegaConf.set_struct(small, True)
+    shapes = ["exgrpo.rho=0.1", "++exgrpo.rho=0.15", "exgrpo={rho:0.2}", "+exgrpo={rho:0.25,beta:0.3}",
+              "exgrpo.beta=0.7", "~exgrpo.beta", "+exgrpo.new=1", "exgrpo={new:2}", "exgrpo={}", "+exgrpo.extra.x=1",
+              "exgrpo.extra=null"]
+    parser = ov.OverridesParser.create()
+    parsed = {line: parser.parse_overrides([line])[0] for line in shapes}
+
+    def resolved(overrides):
+        config = copy.deepcopy(small)
+        ConfigLoaderImpl._apply_overrides_to_config(list(overrides), config)
+        return OmegaConf.to_container(config)
+
+    compared = 0
+    for layers in itertools.product(shapes, repeat=3):
+        try:
+            expected = resolved(parsed[line] for line in layers)
+        except (ov.HydraException, ov.OmegaConfBaseException):  # hydra refuses the raw list (what merging is for)
+            continue
+        out = ov.merge([ov.Entry(parsed[line], f"layer {i}") for i, line in enumerate(layers)], small)
+        assert resolved(parser.parse_overrides(out)) == expected, (layers, out)
+        compared += 1
+    assert compared > 600  # of 1331 (684 with hydra 1.3.8): not a corner of the shapes

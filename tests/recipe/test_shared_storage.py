@@ -2,9 +2,10 @@
 
 The start-up check (``recipe/exgrpo/storage.py``): the driver's marker in the checkpoint folder and the model's
 fingerprint, as each node sees them, with one-line refusals that name the folder and the node; the pool files are
-pruned on verl's record of the actor checkpoints it removed (here with verl's real FSDP checkpoint manager), never on
-a folder's absence; and the authors' loss scale counts every node's GPUs over the sequence-parallel size verl itself
-resolves from its two keys. The same checks on a real two-node Ray cluster are in ``test_multinode.py`` (slow).
+pruned only where verl recorded removing the actor checkpoint (here with verl's real FSDP checkpoint manager) and it
+is gone, never on a folder's absence alone nor on a record an earlier launch left beside a step saved again; and the
+authors' loss scale counts every node's GPUs over the sequence-parallel size verl itself resolves from its two keys.
+The same checks on a real two-node Ray cluster are in ``test_multinode.py`` (slow).
 """
 
 from __future__ import annotations
@@ -167,6 +168,86 @@ def test_the_worker_records_exactly_the_actor_checkpoints_verls_checkpoint_manag
     assert (tmp_path / "global_step_2" / "actor").is_dir() and (tmp_path / "global_step_3" / "actor").is_dir()
     record = json.loads((tmp_path / "global_step_1" / REMOVED_ACTOR_RECORD).read_text())
     assert record == {"removed": str(tmp_path / "global_step_1" / "actor"), "at_step": 3}
+
+
+def test_a_record_beside_an_actor_that_is_there_is_stale_and_prunes_nothing(tmp_path):
+    """The rule is record AND no ``actor/``: step 10 (both) is pruned; step 20 (a record, but its actor is there,
+    as after a later launch saved that step again) keeps its pool."""
+    from recipe.exgrpo.storage import actor_removed, record_removed_actor
+    from recipe.exgrpo.trainer import prune_pool_files
+
+    for step in (10, 20):
+        folder = tmp_path / f"global_step_{step}"
+        folder.mkdir()
+        (folder / "exgrpo_pool.npz").write_bytes(b"x")
+        record_removed_actor([str(folder / "actor")], step=25)
+    (tmp_path / "global_step_20" / "actor").mkdir()
+    assert actor_removed(str(tmp_path / "global_step_10")) and not actor_removed(str(tmp_path / "global_step_20"))
+    assert prune_pool_files(str(tmp_path), current_step=30) == [str(tmp_path / "global_step_10" / "exgrpo_pool.npz")]
+    assert (tmp_path / "global_step_20" / "exgrpo_pool.npz").is_file()
+
+
+def test_a_new_launch_saving_a_step_an_earlier_launch_rotated_away_keeps_that_steps_pool(actor_worker, tmp_path,
+                                                                                         monkeypatch):
+    """Launch 1 saves steps 1-3 keeping two: verl's real checkpoint manager removes step 1's actor, the worker
+    records it, and the trainer prunes step 1's pool. Launch 2 in the same folder (``trainer.resume_mode=disable``:
+    verl's list of kept checkpoints starts empty) saves step 1 again: the old record goes, so the next save's
+    pruning keeps step 1's pool beside its actor, and that step resumes; once launch 2's verl rotates step 1 away
+    in turn (its save of step 3), the pool goes with it."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from exgrpo.algorithm.config import ExGRPOConfig
+    from exgrpo.algorithm.pool import ExperiencePool
+    from recipe.exgrpo.composition import FreshSource
+    from recipe.exgrpo.trainer import ExGRPOTrainer
+
+    def verl_save(trainer):  # the parent's save, reduced to the actor (the part that rotates)
+        path = tmp_path / f"global_step_{trainer.global_steps}" / "actor"
+        actor_worker.save_checkpoint(str(path), None, trainer.global_steps, 2)
+
+    monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", verl_save)
+    config = ExGRPOConfig(n_rollouts=4)
+
+    def launch():
+        trainer = ExGRPOTrainer.__new__(ExGRPOTrainer)  # the save path only: no workers, no dataset
+        trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path),
+                                                       "max_actor_ckpt_to_keep": 2}})
+        trainer.exgrpo_enabled = True
+        trainer.pool = ExperiencePool(config, seed=0)
+        stored = trainer.pool.update("q-1", [1.0, 0.0, 0.0, 0.0], [[5, 6], [7], [8], [9]], [[-0.5, -0.25], [-1.0],
+                                                                                          [-1.0], [-1.0]], step=1)
+        assert stored == "stored"
+        trainer._fresh_source = FreshSource(lambda: {}, 1)
+        actor_worker.actor.engine.checkpoint_manager.previous_saved_paths = []  # what a new launch starts with
+        return trainer
+
+    def save(trainer, step):
+        trainer.global_steps = step
+        trainer._save_checkpoint()
+
+    def state(step):
+        folder = tmp_path / f"global_step_{step}"
+        return ((folder / "actor").is_dir(), (folder / "exgrpo_pool.npz").is_file(),
+                (folder / REMOVED_ACTOR_RECORD).is_file())
+
+    manager = actor_worker.actor.engine.checkpoint_manager
+    before = list(manager.previous_saved_paths)
+    try:
+        first = launch()
+        for step in (1, 2, 3):
+            save(first, step)
+        assert [state(step) for step in (1, 2, 3)] == [(False, False, True), (True, True, False), (True, True, False)]
+        second = launch()
+        save(second, 1)
+        assert state(1) == (True, True, False)  # the record of launch 1 went before anything was written
+        save(second, 2)  # pruning runs (nothing rotated): step 1's pool stays beside its actor
+        assert state(1) == (True, True, False)
+        assert len(ExperiencePool.load(tmp_path / "global_step_1" / "exgrpo_pool.npz", config=config)) == 1
+        save(second, 3)  # launch 2's own rotation of step 1: recorded, and the pool goes with the actor
+        assert [state(step) for step in (1, 2, 3)] == [(False, False, True), (True, True, False), (True, True, False)]
+    finally:
+        manager.previous_saved_paths = before
 
 
 # ---------------------------------------------------------------------------------------------- loss scale
