@@ -8,16 +8,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exgrpo.algorithm.config import ExGRPOConfig
 from exgrpo.algorithm.pool import ExperiencePool
 from exgrpo.embedded.runner import (
+    KERNEL_ISA_FLAGS,
+    KERNEL_PINS,
     FreshStream,
     Question,
     compose_batch,
+    cpu_description,
+    environment,
     eval_scorer_kind,
+    format_environment,
     format_summary,
     load_config,
     load_questions,
@@ -213,7 +219,7 @@ def _run_in_fresh_process(root: Path, out: str, cache: str) -> list[dict]:
     paths = [f"data.train_file={root}/data/train.parquet", f"data.test_file={root}/data/test.parquet",
              f"trainer.model_cache={root}/{cache}", f"trainer.output_dir={root}/{out}", "trainer.plot=false",
              "exgrpo.start_acc=0.0"]
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", *_KERNEL_KNOBS)}
     subprocess.run([sys.executable, "-m", "exgrpo.embedded.runner", "--config", str(CONFIG), *SMOKE, *paths], check=True,
                    cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, timeout=600)
     rows = [json.loads(line) for line in (root / out / "metrics.jsonl").read_text().splitlines()]
@@ -221,7 +227,8 @@ def _run_in_fresh_process(root: Path, out: str, cache: str) -> list[dict]:
         row.pop("time_s", None)
     summary = json.loads((root / out / "summary.json").read_text())
     warm = {k: summary["warm_start"][k] for k in ("steps", "train_greedy_acc", "final_loss")}
-    return [warm, *rows]
+    kernels = {k: summary["environment"][k] for k in ("cpu_capability", "mkl_cbwr", "threads")}
+    return [warm, kernels, *rows]
 
 
 def test_same_seed_same_numbers_in_fresh_processes_with_the_warm_start_built_or_loaded(tmp_path):
@@ -232,6 +239,106 @@ def test_same_seed_same_numbers_in_fresh_processes_with_the_warm_start_built_or_
     loaded = _run_in_fresh_process(tmp_path, "c", "models_a")
     assert len(built_a) > 3 and any("replay_questions" in r for r in built_a)
     assert built_a == built_b == loaded
+    # the command ran on the pinned kernels, whatever this CPU offers beyond AVX2
+    if torch.cpu._is_avx2_supported() and torch.backends.mkl.is_available():
+        assert built_a[1] == {"cpu_capability": "AVX2", "mkl_cbwr": "AVX2,STRICT", "threads": 1}
+
+
+# ----------------------------------------------------------------------------------------------- the environment line
+_KERNEL_KNOBS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "MKL_VERBOSE")
+_PIN_PROBE = """
+import json
+from exgrpo.embedded import runner  # imports torch and transformers, as the command does before it pins
+added = runner.pin_kernels()
+import torch
+torch.randn(64, 128) @ torch.randn(128, 256)  # MKL's first call: MKL_VERBOSE prints the branch it runs
+print(json.dumps({"added": added, "environment": runner.environment()}))
+"""
+
+
+def _pin_probe(**env_vars: str) -> tuple[dict, str]:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in _KERNEL_KNOBS} | {"MKL_VERBOSE": "1", **env_vars}
+    done = subprocess.run([sys.executable, "-c", _PIN_PROBE], capture_output=True, text=True, env=env, check=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=300)
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
+
+
+@pytest.mark.skipif(not (torch.cpu._is_avx2_supported() and torch.backends.mkl.is_available()),
+                    reason="the pins apply to x86 CPUs with AVX2 and torch built with MKL")
+def test_pins_take_effect_after_torch_is_imported_and_a_users_value_wins():
+    probe, out = _pin_probe()
+    assert probe["added"] == KERNEL_PINS
+    assert probe["environment"]["cpu_capability"] == "AVX2" and probe["environment"]["mkl_cbwr"] == "AVX2,STRICT"
+    assert "CNR:AVX2,STRICT" in out  # MKL's own report of the branch its first SGEMM ran on
+    probe, out = _pin_probe(ATEN_CPU_CAPABILITY="default", MKL_CBWR="AUTO")
+    assert probe["added"] == {} and probe["environment"]["cpu_capability"] == "DEFAULT"
+    assert probe["environment"]["mkl_cbwr"] == "AUTO" and "CNR:AUTO" in out
+
+
+def _lscpu() -> dict[str, str]:
+    import shutil
+    import subprocess
+
+    if not shutil.which("lscpu") or not Path("/proc/cpuinfo").exists():
+        pytest.skip("needs Linux's lscpu and /proc/cpuinfo")
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True, env={"LC_ALL": "C"}).stdout
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in out.splitlines())}
+
+
+def test_environment_line_names_this_cpu_its_kernel_flags_and_the_libraries_in_effect():
+    import ctypes
+    import os
+
+    import transformers
+
+    env, lscpu = environment(), _lscpu()
+    flags = lscpu["Flags"].split()
+    assert env["cpu"] == lscpu["Model name"] and env["cpu_vendor"] == lscpu["Vendor ID"]
+    assert env["cpu_flags"] == [f for f in KERNEL_ISA_FLAGS if f in flags]
+    # torch's own CPU detection (cpuinfo) agrees with the flags the line prints
+    assert torch.cpu._is_avx2_supported() == ("avx2" in env["cpu_flags"])
+    assert not torch.cpu._is_avx512_supported() or "avx512f" in env["cpu_flags"]
+    assert not torch.cpu._is_avx512_bf16_supported() or "avx512_bf16" in env["cpu_flags"]
+    if torch.backends.mkl.is_available():  # MKL's version, asked of the MKL inside torch
+        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        if hasattr(lib, "MKL_Get_Version_String"):
+            buf = ctypes.create_string_buffer(256)
+            lib.MKL_Get_Version_String(buf, len(buf))
+            assert f"Version {env['mkl']}-" in buf.value.decode()
+        assert env["mkl_cbwr"] == os.environ.get("MKL_CBWR", "AUTO")
+    line = format_environment(env)
+    assert line.startswith(f"torch {torch.__version__}, transformers {transformers.__version__}, "
+                           f"{torch.get_num_threads()} thread(s), ATen {torch.backends.cpu.get_cpu_capability()} "
+                           "kernels")
+    if torch.backends.mkl.is_available():
+        assert f", MKL {env['mkl']} MKL_CBWR={env['mkl_cbwr']}" in line
+    assert line.endswith(f"; CPU {lscpu['Vendor ID']} {lscpu['Model name']} ({' '.join(env['cpu_flags'])})")
+    assert line in format_summary({**_SUMMARY, "environment": env}).splitlines()[-1]
+
+
+_SUMMARY = {"mode": "exgrpo", "seed": 0, "steps": 1, "fresh_questions": 8, "wall_s": 1.0, "total_s": 2.0,
+            "model": "m", "warm_start": {"n_parameters": 5e5, "steps": 3}, "acc_before": 0.1, "acc_after": 0.2,
+            "acc_after_by_level": {}, "pool_questions": 0, "pool_trajectories": 0, "retired": 0,
+            "replay_share": 0.0, "first_replay_step": None, "metrics": "x", "plot": None}
+
+
+def test_cpu_description_reads_the_first_cpu_and_says_when_flags_are_unknown():
+    cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n"
+               "flags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nmodel name\t: other\nflags\t: avx512f\n")
+    assert cpu_description(cpuinfo) == {"cpu": "AMD EPYC 7B13", "cpu_vendor": "AuthenticAMD", "cpu_flags": ["avx2"]}
+    arm = cpu_description("processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd sve\n")
+    assert arm["cpu_flags"] is None and arm["cpu_vendor"] is None
+    env = {"torch": "2.13.0+cpu", "transformers": "5.10.4", "cpu_capability": "SVE256", "threads": 1, "mkl_cbwr": None,
+           **arm, "cpu": "aarch64"}
+    assert format_environment(env) == ("torch 2.13.0+cpu, transformers 5.10.4, 1 thread(s), ATen SVE256 kernels; "
+                                       "CPU aarch64 (flags unknown)")
+    # a summary written before the MKL and CPU fields existed
+    old = {"torch": "2.13.0+cpu", "transformers": "5.10.4", "cpu_capability": "AVX512", "threads": 1}
+    assert format_environment(old) == "torch 2.13.0+cpu, transformers 5.10.4, 1 thread(s), ATen AVX512 kernels"
 
 
 # ----------------------------------------------------------------------------------------------- continuous rewards

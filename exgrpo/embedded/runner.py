@@ -17,10 +17,12 @@ import dataclasses
 import functools
 import json
 import math
+import os
+import platform
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -539,18 +541,97 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------- report
-def environment() -> dict[str, Any]:
-    """What the numbers depend on besides the config: the float kernels torch picks for this CPU and versions.
+# The float kernels `python -m exgrpo.embedded.runner` pins before any torch op has picked one. Measured on the
+# project's box (docs/reproducibility.md): torch's ATen kernel set (AVX512 vs AVX2) and MKL's matrix-multiply code
+# path (AVX-512 vs AVX2) each change the warm start's bits, and through it every printed number. AVX2 is the level
+# Intel Core CPUs have had since 2013 and AMD's since 2015; MKL_CBWR is MKL's conditional numerical reproducibility
+# (the same bits on every Intel CPU with AVX2 at a fixed thread count; STRICT: whatever the memory alignment).
+KERNEL_PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"}
+# The ISA features that make torch, MKL or oneDNN pick other float kernels (/proc/cpuinfo names), for the summary.
+KERNEL_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
 
-    A fresh process with the same seed and config reproduces a run bit for bit only where all of these match,
-    the warm start included (it is cached by config and data alone, so a model built elsewhere is reused
-    silently). Measured: ATEN_CPU_CAPABILITY=avx2 vs avx512 changes the warm start's weights and every RL step
-    in the last float bits; 1 vs 2 threads leaves the warm start identical but changes RL gradients (~1e-7).
+
+def pin_kernels(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+    """Set the pins the user has not set; returns the ones set here. Called by the command only, before training.
+
+    torch and MKL read these once, at their first float operation, which importing them does not run; a library
+    caller's process may have run one already, and its environment is its own. A value the user exported wins,
+    so a run can still be made on this CPU's own kernels; the summary's environment line shows what was in effect.
+    ATen's AVX2 kernels are not forced on a CPU without AVX2 (they would stop it with an illegal instruction).
+    """
+    pins = dict(KERNEL_PINS)
+    if not getattr(torch.cpu, "_is_avx2_supported", lambda: False)():
+        pins.pop("ATEN_CPU_CAPABILITY")
+    if not torch.backends.mkl.is_available():
+        pins.pop("MKL_CBWR")
+    added = {name: value for name, value in pins.items() if name not in environ}
+    environ.update(added)
+    return added
+
+
+def cpu_description(cpuinfo: str | None = None) -> dict[str, Any]:
+    """Vendor, model name and kernel-relevant ISA flags of the first CPU in ``/proc/cpuinfo`` (Linux).
+
+    Elsewhere the model is what ``platform`` says and the flags are unknown (None); torch's kernel set is then the
+    summary's record of the ISA.
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.split("\n\n")[0].splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    flags = fields["flags"].split() if "flags" in fields else None
+    return {"cpu": fields.get("model name") or platform.processor() or platform.machine() or "unknown",
+            "cpu_vendor": fields.get("vendor_id") or None,
+            "cpu_flags": [f for f in KERNEL_ISA_FLAGS if f in flags] if flags is not None else None}
+
+
+def _library_versions() -> dict[str, str | None]:
+    """MKL's and oneDNN's versions as torch was built with them (MKL's code paths differ between its versions)."""
+    config = torch.__config__.show()
+    mkl = re.search(r"Math Kernel Library Version (\S+?)-", config)
+    onednn = re.search(r"(?:MKL-DNN|oneDNN) v(\S+)", config)
+    return {"mkl": mkl.group(1) if mkl else None, "onednn": onednn.group(1) if onednn else None}
+
+
+def environment() -> dict[str, Any]:
+    """What the numbers depend on besides the config: the float kernels in effect for this CPU, and versions.
+
+    A fresh process with the same seed and config reproduces a run bit for bit where the summary's environment
+    line matches up to "CPU" and the CPU is an Intel one with AVX2 (MKL's reproducibility promise covers Intel
+    CPUs only), the warm start included (it is cached by config and data alone, so a model built elsewhere is
+    reused silently). Measured: torch's kernel set and MKL's code path each change the warm start's weights and
+    every RL step; 1 vs 2 threads leaves the warm start identical but changes RL gradients (~1e-7); oneDNN's ISA
+    (DNNL_MAX_CPU_ISA) changes nothing here (no float32 work goes through it).
     """
     import transformers
 
+    mkl = torch.backends.mkl.is_available()
     return {"torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__,
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+            **_library_versions(), "mkl_cbwr": os.environ.get("MKL_CBWR", "AUTO") if mkl else None,
+            "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS") if mkl else None,
+            **cpu_description()}
+
+
+def format_environment(env: dict[str, Any]) -> str:
+    """The summary's environment line: versions, threads and the kernels in effect (these decide the numbers),
+    then the CPU they ran on. A summary written before the MKL and CPU fields existed prints without them."""
+    line = (f"torch {env['torch']}, transformers {env['transformers']}, {env['threads']} thread(s), "
+            f"ATen {env['cpu_capability']} kernels")
+    if env.get("mkl_cbwr"):
+        line += f", MKL {env.get('mkl') or '?'} MKL_CBWR={env['mkl_cbwr']}"
+        if env.get("mkl_enable_instructions"):
+            line += f" MKL_ENABLE_INSTRUCTIONS={env['mkl_enable_instructions']}"
+    if "cpu" in env:
+        flags = "flags unknown" if env.get("cpu_flags") is None else " ".join(env["cpu_flags"]) or "no avx2"
+        line += f"; CPU {' '.join(filter(None, (env.get('cpu_vendor'), env['cpu'])))} ({flags})"
+    return line
 
 
 PLOT_LABELS = {  # what the fresh curve and the buckets measure: continuous rewards bucket by spread, not accuracy
@@ -613,8 +694,7 @@ def format_summary(s: dict[str, Any]) -> str:
         *([f"  rewards: {s['reward']}, continuous (pool buckets by reward spread; test accuracy is 0/1)"]
           if s.get("reward_type") == "continuous" else []),
         f"  metrics: {s['metrics']}   plot: {s['plot']}",
-        *([f"  environment: torch {env['torch']}, transformers {env['transformers']}, "
-           f"{env['cpu_capability']} kernels, {env['threads']} thread(s)"] if (env := s.get("environment")) else []),
+        *([f"  environment: {format_environment(env)}"] if (env := s.get("environment")) else []),
     ])
 
 
@@ -629,4 +709,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    pin_kernels()  # the command's runs give the same numbers on other CPUs (KERNEL_PINS); torch ran no op yet
     raise SystemExit(cli.run(main, prog="exgrpo.embedded.runner"))
