@@ -3,8 +3,8 @@
 #   python -m recipe.exgrpo.main_exgrpo <reference run> <profile> [CPU profile, preset] <the script's own> <yours>
 # Everything after a script's name on its command line is passed to hydra and comes last, so any setting can be
 # overridden, e.g. `bash run_scripts/qwen2.5_math_7b_exgrpo.sh trainer.total_training_steps=10`. The layers are merged
-# by hydra's own override parser (recipe/exgrpo/overrides.py): a key set twice is passed once, with its last value and
-# the `+` hydra needs (so a key the profile adds can be overridden plainly), and a key that cannot be set is refused
+# by hydra's own override parser (recipe/exgrpo/overrides.py): the last layer's value wins whatever shape it was
+# written in (`exgrpo.rho=0.3` after `exgrpo={rho:0.2}`, or the reverse), with the `+` hydra needs (so a key the profile adds can be overridden plainly), and a key that cannot be set is refused
 # in one line before anything starts (DRY_RUN=1 shows the final list).
 #
 # The CPU twin of any script: `EXGRPO_DEVICE=cpu bash run_scripts/<script>.sh [overrides]` runs that script's own
@@ -21,12 +21,14 @@
 #   N_GPUS_PER_NODE (8)  NNODES (1)  ROLLOUT_TP (1: vLLM tensor parallel size)  GPU_MEM_UTIL (0.7)
 #   LOGGER ('["console"]', e.g. '["console","wandb"]')  PROJECT_NAME (exgrpo)  EXPERIMENT_NAME (script name)
 #   CKPT_DIR (checkpoints/$PROJECT_NAME/$EXPERIMENT_NAME)  CKPT_KEEP (3: actor checkpoints kept on disk)
-#   TOKENS_PER_GPU (18432: actor micro-batch token budget)  MAX_PROMPT_LENGTH (1024)  MAX_RESPONSE_LENGTH (8192)
+#   TOKENS_PER_GPU (18432, on the CPU 1024: actor micro-batch token budget)
+#   MAX_PROMPT_LENGTH (1024)  MAX_RESPONSE_LENGTH (8192)
 #   EXGRPO_DEVICE (gpu; cpu = the CPU twin: the CPU profile below, set by cpu_verl_exgrpo.sh)
 #   EXGRPO_PROFILE (recipe: the recipe's defaults; paper: the authors' training, below; the model scripts default
 #       to paper, and a value you set wins)
 #   CHAT_TEMPLATE (model: the model folder's own; or a Jinja file, e.g. run_scripts/chat_templates/qwen_think.jinja)
 #   CPU_PRESET (unset; learn = on the CPU, the runner's settings for a run both engines share, below)
+#   EXGRPO_CPU_PRECISION (bf16, as on GPU; fp32 = on the CPU, float32 throughout: exact weight sync, below)
 #   DRY_RUN (unset; 1 = print the overrides one per line and exit without starting anything)
 # Relative paths are taken from the directory you run the script in and passed on as absolute paths (Ray workers,
 # the driver and a pre-started cluster's raylets each have their own working directory).
@@ -99,6 +101,9 @@ EXGRPO_CPU_PROFILE=(
   "data.train_batch_size=8"                              # B questions per step (GPU: 128)
   "actor_rollout_ref.actor.ppo_mini_batch_size=4"        # two optimizer steps per step, as B=128 / 64
   "actor_rollout_ref.actor.optim.lr=1e-4"                # a tiny model needs a 100x larger step to move
+  # micro-batches of at most 1,024 tokens (GPU: 18,432): sdpa attends over a packed micro-batch with a dense
+  # block-diagonal mask, so its cost grows with the square of the micro-batch's tokens, unlike flash-attention's
+  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=${TOKENS_PER_GPU:-1024}"
   "trainer.total_training_steps=12"
   "trainer.test_freq=6"
   "trainer.save_freq=6"
@@ -110,19 +115,15 @@ EXGRPO_CPU_PROFILE=(
   "data.dataloader_num_workers=0"                        # no loader processes competing for two cores
   "actor_rollout_ref.rollout.agent.num_workers=1"
   "reward.num_workers=1"
-  # engine, update: fp32 (no bf16 kernels worth having on CPU), sdpa (no flash-attention), no torch.compile
-  "actor_rollout_ref.actor.fsdp_config.dtype=float32"
-  "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32"
-  "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32"
-  "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32"
+  # engine, update: verl's GPU engine settings (bf16 compute under FSDP2 mixed precision over fp32 weights, fp32
+  # gradient reduction and optimizer state; remove-padding; the script's gradient checkpointing), on this CPU's
+  # bf16 matrix units (AMX / AVX512-BF16). Only the kernels differ: sdpa for flash-attention, no torch.compile.
   "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false"
   "actor_rollout_ref.actor.use_torch_compile=false"
   "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"
-  "actor_rollout_ref.model.use_remove_padding=false"     # remove-padding needs flash-attention's varlen kernels
-  "actor_rollout_ref.model.enable_gradient_checkpointing=false"
-  # engine, rollout: vLLM's CPU backend in fp32, eager, no sleep mode (unsupported on CPU), one engine process
+  # engine, rollout: vLLM's CPU backend (bf16, verl's default), eager, no sleep mode (unsupported on CPU), one
+  # engine process
   "actor_rollout_ref.rollout.tensor_model_parallel_size=1"  # (GPU: 1, or 2 in the paper scripts)
-  "actor_rollout_ref.rollout.dtype=float32"
   "actor_rollout_ref.rollout.enforce_eager=true"
   "+actor_rollout_ref.rollout.enable_sleep_mode=false"
   "actor_rollout_ref.rollout.max_num_seqs=128"
@@ -130,6 +131,16 @@ EXGRPO_CPU_PROFILE=(
   # validation: greedy on the tiny task's 93 questions (one sample at 0.6 moves the number by ~0.04 between reruns
   # of the same weights; verl's agent loop decodes greedily only at temperature 0, whatever do_sample says)
   "actor_rollout_ref.rollout.val_kwargs.temperature=0"
+)
+
+# EXGRPO_CPU_PRECISION=fp32 (CPU only): the whole twin in float32, trainer and vLLM, for what needs the rollout's
+# log-probs to equal the trainer's (weight sync checked to ~1e-5); bf16 rounds each log-prob by up to ~1e-2.
+EXGRPO_CPU_FP32=(
+  "actor_rollout_ref.actor.fsdp_config.dtype=float32"
+  "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32"
+  "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32"
+  "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32"
+  "actor_rollout_ref.rollout.dtype=float32"
 )
 
 # CPU_PRESET=learn (CPU only): one experiment, two engines. The twin at the settings of the runner's
@@ -176,8 +187,9 @@ EXGRPO_PAPER_OVERRIDES=(
 )
 
 # exgrpo_merge_overrides --layer NAME OVERRIDE... [--layer NAME OVERRIDE...]...: the layers merged into
-# EXGRPO_FINAL_OVERRIDES by hydra's own override parser (recipe/exgrpo/overrides.py): each key once, at its first
-# place, with its last layer's value and the prefix hydra needs (a `+` the profile put on a key verl's yaml lacks
+# EXGRPO_FINAL_OVERRIDES by hydra's own override parser (recipe/exgrpo/overrides.py): each key at its first place
+# unless an overlapping key (a dict on a node above it, or a key inside it) was set in between, with its last layer's
+# value and the prefix hydra needs (a `+` the profile put on a key verl's yaml lacks
 # stays when you override its value). A key that cannot be set, or anything else hydra would refuse, stops the
 # launch here with one line naming the override and its layer.
 exgrpo_merge_overrides() {
@@ -370,6 +382,11 @@ exgrpo_launch() {
       layers+=(--layer "a running Ray cluster (RAY_ADDRESS)" "ray_kwargs.ray_init.num_cpus=null"
         "+ray_kwargs.ray_init.num_gpus=null")
     fi
+    case "${EXGRPO_CPU_PRECISION:-bf16}" in
+      bf16) ;;
+      fp32) layers+=(--layer "float32 throughout (EXGRPO_CPU_PRECISION=fp32)" "${EXGRPO_CPU_FP32[@]}") ;;
+      *) exgrpo_fail "EXGRPO_CPU_PRECISION=$EXGRPO_CPU_PRECISION: use bf16 (the default) or fp32" ;;
+    esac
     case "${CPU_PRESET:-}" in
       "") ;;
       learn) layers+=(--layer "the learning preset (CPU_PRESET=learn)" "${EXGRPO_CPU_LEARN_PRESET[@]}") ;;

@@ -224,13 +224,16 @@ def exgrpo_actor_loss(
             clip_ratio_c=config.get("clip_ratio_c", 3.0), clip=False,
         )
         pg_loss = agg_loss(loss_mat=fresh_mat, loss_mask=fresh_mask, loss_agg_mode=config.loss_agg_mode, **info)
+    # The replay term and its statistics in float32, whatever dtype the engine's log-probs come in: verl's bf16
+    # log-softmax is the engine's, but log pi_past is stored in float32, and rounding it to bf16 (up to ~0.03 at
+    # |log p| 4-8) would move w = pi / pi_past by ~3 %. (verl's fresh term promotes log pi - log pi_old the same way.)
+    log_prob32, past = log_prob.float(), past.float()
     if replay:
-        past = past.to(log_prob.dtype)
-        replay_mat = replay_token_loss(log_prob, past, padded["advantages"], beta=beta, shaping=shaping)
+        replay_mat = replay_token_loss(log_prob32, past, padded["advantages"].float(), beta=beta, shaping=shaping)
         pg_loss = pg_loss + agg_loss(loss_mat=replay_mat, loss_mask=replay_mask, loss_agg_mode=config.loss_agg_mode,
                                      **info)
     raw_metrics = fresh_sums(raw_metrics, float(fresh_mask.sum()))
-    raw_metrics.update(replay_statistics(log_prob, past, response_mask, replay_mask, beta))
+    raw_metrics.update(replay_statistics(log_prob32, past, response_mask, replay_mask, beta))
     # Same metric names as ppo_loss (the core mirrors verl's), plus the exgrpo/* replay statistics as sums and a
     # maximum; the trainer turns the reduced sums into means (finish_replay_metrics). A per-micro-batch mean
     # would be averaged over micro-batches, those without replayed tokens counting as 0.

@@ -60,10 +60,9 @@ def engine_gradients(worker, td, loss_fn, **extra) -> dict[str, torch.Tensor]:
 
     engine = worker.actor.engine
     td = td.clone()
-    tu.assign_non_tensor(
-        td, temperature=1.0, use_dynamic_bsz=False, micro_batch_size_per_gpu=2, use_remove_padding=False,
-        use_fused_kernels=False, global_batch_size=len(td), calculate_entropy=False, **extra,
-    )
+    settings = dict(temperature=1.0, use_dynamic_bsz=False, micro_batch_size_per_gpu=2, use_remove_padding=False,
+                    use_fused_kernels=False, global_batch_size=len(td), calculate_entropy=False)
+    tu.assign_non_tensor(td, **{**settings, **extra})
     with engine.train_mode(disable_auto_offload=True):
         engine.optimizer_zero_grad()
         engine.forward_backward_batch(td, loss_fn, forward_only=False)
@@ -339,6 +338,48 @@ def test_loss_split_by_rows_through_verl_equals_the_core_objective_on_mixed_rows
         assert core_metrics["actor/pg_clipfrac"] > 0 and core_metrics["actor/pg_clipfrac_lower"] > 0
 
 
+def test_replay_term_is_float32_when_the_engine_hands_the_loss_bf16_log_probs(actor_worker):
+    """verl's bf16 engine gives the loss bf16 log-probs (its log-softmax runs in the compute dtype), while log pi_past
+    is stored in float32. The replay term and its statistics must be the float32 computation on those log-probs,
+    not one on log pi_past rounded to bf16 (off by up to ~0.03 at |log p| 4-8: ~3 % in w)."""
+    import dataclasses
+
+    from recipe.exgrpo.loss import exgrpo_actor_loss
+
+    gen = torch.Generator().manual_seed(5)
+    rows, past, flags = [], [], [1, 0, 1, 1]
+    for prompt_len, n, advantage in [(3, 5, 1.1), (2, 4, -0.7), (4, 6, -1.3), (2, 3, 0.9)]:
+        lp = (-4.0 - 4.0 * torch.rand(n, generator=gen)).tolist()  # |log p| 4-8, where bf16's step is 1/32
+        rows.append((prompt_len, lp, [v + 0.05 for v in lp], advantage, torch.rand(n, generator=gen).tolist()))
+        past.append(torch.tensor(lp) + 0.3 * torch.randn(n, generator=gen))
+    td, output = _response_rows_batch(rows, 1, None)
+    td[IS_REPLAY_FIELD] = torch.tensor(flags, dtype=torch.int64)
+    td[PAST_LOG_PROBS_FIELD] = nested(past)
+    output16 = {**output, "log_probs": nested(t.to(torch.bfloat16) for t in output["log_probs"].unbind())}
+    config = dataclasses.replace(actor_worker.loss_fn.keywords["config"], loss_agg_mode="token-mean",
+                                 loss_scale_factor=None, entropy_coeff=0.0, use_kl_loss=False, global_batch_info={})
+    loss, metrics = exgrpo_actor_loss(config, output16, td, beta=0.1)
+
+    # The float32 computation on the same (bf16-valued) log-probs.
+    lp16 = [torch.tensor(r[1]).to(torch.bfloat16).float() for r in rows]
+    mask = pad([torch.ones(len(r[1])) for r in rows])
+    args = (pad([torch.tensor(r[2]) for r in rows]), pad(past), pad([torch.full((len(r[1]),), r[3]) for r in rows]),
+            mask, torch.tensor(flags, dtype=torch.bool))
+    core, core_metrics = exgrpo_policy_loss(pad(lp16), *args, beta=0.1, loss_agg_mode="token-mean")
+    assert float(loss) == pytest.approx(float(core), rel=1e-6)
+    for name in ("exgrpo/w_sum", "exgrpo/fw_sum", "exgrpo/w_max"):
+        assert float(metrics[name].aggregate()) == pytest.approx(core_metrics[name], rel=1e-6), name
+    # ... which the test can tell from the bf16 computation the loss used to do (log pi_past rounded to bf16).
+    past16 = [t.to(torch.bfloat16).float() for t in past]
+    _, rounded = exgrpo_policy_loss(pad(lp16), args[0], pad(past16), *args[2:], beta=0.1, loss_agg_mode="token-mean")
+    assert abs(rounded["exgrpo/w_sum"] / core_metrics["exgrpo/w_sum"] - 1) > 1e-3
+    # The gradient reaches the bf16 log-probs as the engine's autograd needs it.
+    leaf = [t.to(torch.bfloat16).requires_grad_() for t in output["log_probs"].unbind()]
+    loss_again, _ = exgrpo_actor_loss(config, {**output, "log_probs": nested(leaf)}, td, beta=0.1)
+    loss_again.backward()
+    assert all(t.grad is not None and t.grad.dtype == torch.bfloat16 and t.grad.abs().sum() > 0 for t in leaf)
+
+
 def test_paper_loss_scale_and_entropy_equal_the_authors_formula_on_two_micro_batches_and_two_ranks(actor_worker):
     """The authors: each micro-batch's token-loss sum / 8192 minus entropy_coeff x its token-mean entropy, summed
     over micro-batches, averaged over ranks (their gradient all-reduce). Ours: verl's seq-mean-token-sum-norm with
@@ -473,3 +514,121 @@ def test_grad_norm_guard_skips_steps_above_the_bound_and_reports_them_through_ve
     finally:
         vars(engine.optimizer).pop("step", None)
         engine.optimizer_zero_grad()
+
+
+# ------------------------------------------------------------------- the GPU's layouts: packed rows, split batches
+# Rows of eight lengths (4-12 tokens), each response opening with its own token so a row can be told by its ids.
+LAYOUT_PAIRS = PAIRS + [
+    ([1, 9], [30, 31, 32, 33, 34, 35, 36, 2]),
+    ([1, 8, 8], [40, 2]),
+    ([1, 4, 4, 4, 4, 4], [50, 51, 52, 53, 54, 2]),
+    ([1, 3], [60, 2]),
+]
+LAYOUT_REPLAY = [0, 1, 0, 1, 1, 0, 0, 1]
+
+
+def layout_batch():
+    gen = torch.Generator().manual_seed(7)
+    lengths = [len(r) for _, r in LAYOUT_PAIRS]
+    td = sequence_batch(LAYOUT_PAIRS)
+    td["old_log_probs"] = nested(-3.0 - torch.rand(n, generator=gen) for n in lengths)
+    td["advantages"] = nested(torch.full((n,), float(torch.randn(1, generator=gen))) for n in lengths)
+    td[PAST_LOG_PROBS_FIELD] = nested(-2.0 - 3 * torch.rand(n, generator=gen) for n in lengths)
+    td[IS_REPLAY_FIELD] = torch.tensor(LAYOUT_REPLAY, dtype=torch.int64)
+    return td
+
+
+@pytest.fixture(scope="module")
+def packed_worker(cpu_engine_env, tiny_model_dir):
+    """The worker as a GPU script builds it: remove-padding and gradient checkpointing on (float32 here, so that
+    the layouts can be compared to ~1e-6; what bf16 changes is the kernels' rounding, not the layout)."""
+    return build_actor_worker(engine_config(tiny_model_dir, [
+        "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+    ]))
+
+
+def run_layout(worker, td, **settings):
+    """One forward + backward of ``td`` through verl's engine in the given layout; per row (in ``td``'s order, told
+    by its first response id) the response log-probs and entropies the loss saw, its replay flag and past
+    log-probs as they reached the loss, the summed loss and the gradients."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    seen, losses, order = {}, [], []
+
+    def loss_fn(model_output, data, dp_group=None):
+        loss, metrics = worker.loss_fn(model_output=model_output, data=data, dp_group=dp_group)
+        log_probs = no_padding_2_padding(model_output["log_probs"], data).detach()
+        entropy = no_padding_2_padding(model_output["entropy"], data).detach()
+        order.append([])
+        for i, (response, past) in enumerate(zip(data["responses"].unbind(), data[PAST_LOG_PROBS_FIELD].unbind(),
+                                                 strict=True)):
+            n = len(response)
+            seen[int(response[0])] = (log_probs[i, :n], entropy[i, :n], int(data[IS_REPLAY_FIELD][i]), past)
+            order[-1].append(int(response[0]))
+        losses.append(float(loss))
+        return loss, metrics
+
+    grads = engine_gradients(worker, td, loss_fn, calculate_entropy=True, **settings)
+    rows = [seen[r[0]] for _, r in LAYOUT_PAIRS]
+    return rows, sum(losses), grads, order
+
+
+def assert_rows_match(rows, reference, td, atol):
+    pasts = td[PAST_LOG_PROBS_FIELD].unbind()
+    for i, ((lp, ent, flag, past), (ref_lp, ref_ent, _, _)) in enumerate(zip(rows, reference, strict=True)):
+        torch.testing.assert_close(lp, ref_lp, rtol=0, atol=atol, msg=f"log-probs of row {i}")
+        torch.testing.assert_close(ent, ref_ent, rtol=0, atol=atol, msg=f"entropies of row {i}")
+        assert flag == LAYOUT_REPLAY[i], i  # the row's own replay flag and past log-probs reached the loss
+        assert torch.equal(past, pasts[i]), i
+
+
+def test_remove_padding_equals_padding_on_mixed_fresh_and_replayed_rows(packed_worker, tiny_model_dir):
+    """verl's packed layout (one row, offsets restarting per sequence; sdpa attends within each sequence) against the
+    padded one, on fresh and replayed rows of eight lengths, micro-batches of 4: the same response log-probs and
+    entropies (to 2e-5: the packed sdpa sums in another order, 8e-6 the largest difference measured on
+    log-probs of about -4), loss (rel 1e-5) and gradients (rel 1e-4); both equal an independent transformers forward,
+    and the entropy scores of stored candidates are the same in both layouts."""
+    from verl.utils import tensordict_utils as tu
+
+    td = layout_batch()
+    packed, packed_loss, packed_grads, _ = run_layout(packed_worker, td, use_remove_padding=True,
+                                                      micro_batch_size_per_gpu=4)
+    padded, padded_loss, padded_grads, _ = run_layout(packed_worker, td, use_remove_padding=False,
+                                                      micro_batch_size_per_gpu=4)
+    assert_rows_match(packed, padded, td, atol=2e-5)
+    assert packed_loss == pytest.approx(padded_loss, rel=1e-5)
+    assert_grads_close(packed_grads, padded_grads)
+    model = reference_model(packed_worker.actor.engine, tiny_model_dir)
+    with torch.no_grad():
+        log_probs, entropies = reference_response_outputs(model, LAYOUT_PAIRS)
+    for (lp, ent, _, _), ref_lp, ref_ent in zip(packed, log_probs, entropies, strict=True):
+        torch.testing.assert_close(lp, ref_lp, rtol=0, atol=2e-5)
+        torch.testing.assert_close(ent, ref_ent.float(), rtol=0, atol=2e-5)
+
+    def scores(remove_padding):
+        batch = sequence_batch(LAYOUT_PAIRS)
+        tu.assign_non_tensor(batch, use_dynamic_bsz=True, max_token_len_per_gpu=24, temperature=1.0,
+                             use_remove_padding=remove_padding)
+        return packed_worker.score_candidates(batch)[MEAN_ENTROPY_FIELD]
+
+    torch.testing.assert_close(scores(True), scores(False), rtol=0, atol=2e-5)
+    torch.testing.assert_close(scores(True), torch.stack([e.mean() for e in entropies]).float(), rtol=0, atol=2e-5)
+
+
+def test_a_token_budget_that_splits_and_reorders_gives_the_loss_and_gradient_of_one_micro_batch(packed_worker):
+    """verl's dynamic batch size with a 16-token budget cuts the 60-token mini-batch into micro-batches balanced by
+    length (rearrange_micro_batches: rows out of their order); each replayed row keeps its flag and past
+    log-probs, and the loss and gradient are those of the whole mini-batch in one micro-batch, packed as on GPU."""
+    td = layout_batch()
+    whole, whole_loss, whole_grads, whole_order = run_layout(packed_worker, td, use_remove_padding=True,
+                                                             micro_batch_size_per_gpu=len(LAYOUT_PAIRS))
+    split, split_loss, split_grads, split_order = run_layout(packed_worker, td, use_remove_padding=True,
+                                                             use_dynamic_bsz=True, max_token_len_per_gpu=16)
+    assert len(whole_order) == 1 and len(split_order) >= 4, split_order
+    firsts = [r[0] for _, r in LAYOUT_PAIRS]
+    assert [row for micro in split_order for row in micro] != firsts  # reordered, not only cut
+    assert sorted(row for micro in split_order for row in micro) == sorted(firsts)
+    assert_rows_match(split, whole, td, atol=2e-5)
+    assert split_loss == pytest.approx(whole_loss, rel=1e-5)
+    assert_grads_close(split_grads, whole_grads)

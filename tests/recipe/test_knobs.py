@@ -67,8 +67,8 @@ SWITCHES = [
     "exgrpo.beta=0.2",
     "exgrpo.start_acc=0.4",
 ]
-# The CPU engine cannot run bf16 weights, flash-attention's remove-padding or torch.compile: what the worker below is
-# built with on top of the user's config (none of these is a knob under test; the CPU profile sets the same).
+# What the in-process worker below is built with on top of the user's config (none of these is a knob under test):
+# float32 and padded rows so that its numbers compare exactly, sdpa (no flash-attention on CPU), no torch.compile.
 CPU_ENGINE = [
     "actor_rollout_ref.actor.fsdp_config.dtype=float32",
     "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
@@ -266,7 +266,8 @@ def test_grad_clip_is_refused_with_the_key_to_use(tmp_path, tiny_model_dir):
 
 
 def test_device_profile_preset_and_cluster_knobs(tmp_path, tiny_model_dir):
-    """EXGRPO_PROFILE, EXGRPO_DEVICE, CPU_PRESET, DATA_DIR, VLLM_CPU_KVCACHE_SPACE, RAY_ADDRESS."""
+    """EXGRPO_PROFILE, EXGRPO_DEVICE, CPU_PRESET, EXGRPO_CPU_PRECISION, DATA_DIR, VLLM_CPU_KVCACHE_SPACE,
+    RAY_ADDRESS."""
     from recipe.exgrpo.settings import load_settings
 
     (tmp_path / "d").mkdir()
@@ -291,7 +292,11 @@ def test_device_profile_preset_and_cluster_knobs(tmp_path, tiny_model_dir):
     env_vars = cpu.ray_kwargs.ray_init.runtime_env.env_vars
     assert (env_vars.VERL_PLATFORM, env_vars.VLLM_CPU_KVCACHE_SPACE) == ("cpu", "2")
     assert "recipe.exgrpo.cpu" in env_vars.VERL_USE_EXTERNAL_MODULES.split(",")
-    assert cpu.trainer.n_gpus_per_node == 1 and cpu.actor_rollout_ref.rollout.dtype == "float32"  # the CPU profile
+    assert cpu.trainer.n_gpus_per_node == 1 and cpu.actor_rollout_ref.rollout.dtype == "bfloat16"  # the CPU profile
+    assert cpu.actor_rollout_ref.actor.fsdp_config.dtype == "bfloat16" and cpu.actor_rollout_ref.model.use_remove_padding
+    exact = config_of(EXGRPO_DEVICE="cpu", EXGRPO_CPU_PRECISION="fp32")
+    assert exact.actor_rollout_ref.rollout.dtype == "float32" and exact.actor_rollout_ref.actor.fsdp_config.dtype == (
+        "float32") and exact.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
     assert cpu.data.train_batch_size == 32 and cpu.trainer.total_training_steps == 30  # CPU_PRESET=learn
     # RAY_ADDRESS: the running cluster declares its resources, so ray.init gets none.
     assert cpu.ray_kwargs.ray_init.num_cpus is None and cpu.ray_kwargs.ray_init.num_gpus is None
@@ -299,7 +304,8 @@ def test_device_profile_preset_and_cluster_knobs(tmp_path, tiny_model_dir):
 
 # The knobs the tests above set, by name as the docs write them.
 COVERED = set(ENV) | {"MODEL_PATH", "TRAIN_FILE", "VAL_FILE", "CHAT_TEMPLATE", "DRY_RUN", "EXGRPO_PROFILE",
-                      "EXGRPO_DEVICE", "CPU_PRESET", "DATA_DIR", "VLLM_CPU_KVCACHE_SPACE", "RAY_ADDRESS"} | {
+                      "EXGRPO_DEVICE", "CPU_PRESET", "EXGRPO_CPU_PRECISION", "DATA_DIR", "VLLM_CPU_KVCACHE_SPACE",
+                      "RAY_ADDRESS"} | {
     s.split("=", 1)[0].lstrip("+") for s in SWITCHES}
 
 

@@ -36,7 +36,8 @@ def fake_model(folder, max_positions=16384, chat_template=True):
 
 _DROP = ("MODEL_PATH", "DATA_DIR", "TRAIN_FILE", "VAL_FILE", "CKPT_DIR", "PYTHONPATH", "EXGRPO_DEVICE",
          "EXGRPO_PROFILE", "CHAT_TEMPLATE", "N_GPUS_PER_NODE", "NNODES", "ROLLOUT_TP", "VERL_PLATFORM",
-         "VERL_USE_EXTERNAL_MODULES", "VERL_FILE_LOGGER_PATH", "VLLM_CPU_KVCACHE_SPACE")
+         "VERL_USE_EXTERNAL_MODULES", "VERL_FILE_LOGGER_PATH", "VLLM_CPU_KVCACHE_SPACE", "EXGRPO_CPU_PRECISION",
+         "TOKENS_PER_GPU")
 
 
 def run_script(name, env_extra, *args, cwd=None):
@@ -201,7 +202,7 @@ CPU_SIZE_KEYS = {
     "data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
     "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.optim.lr",
     "actor_rollout_ref.actor.loss_scale_factor", "trainer.total_training_steps", "trainer.test_freq",
-    "trainer.save_freq",
+    "trainer.save_freq", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
 }
 CPU_DEVICE_KEYS = {
     "trainer.n_gpus_per_node", "ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.num_cpus",
@@ -213,17 +214,22 @@ CPU_DEVICE_KEYS = {
 }
 CPU_ENGINE_KEYS = {
     "actor_rollout_ref.rollout.tensor_model_parallel_size",
-    "actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.actor.fsdp_config.mixed_precision",
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile", "actor_rollout_ref.actor.use_torch_compile",
-    "actor_rollout_ref.model.override_config.attn_implementation", "actor_rollout_ref.model.use_remove_padding",
-    "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.rollout.dtype",
+    "actor_rollout_ref.model.override_config.attn_implementation",
     "actor_rollout_ref.rollout.enforce_eager", "actor_rollout_ref.rollout.enable_sleep_mode",
     "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.rollout.max_num_batched_tokens",
+}
+# EXGRPO_CPU_PRECISION=fp32: the twin in float32 throughout (its default is the GPU's bf16).
+CPU_FP32_KEYS = {
+    "actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.actor.fsdp_config.mixed_precision",
+    "actor_rollout_ref.rollout.dtype",
 }
 # Settings verl's yaml copies from another key by interpolation: they change with their source.
 VERL_COPIES = {
     "actor_rollout_ref.actor.use_remove_padding": "actor_rollout_ref.model.use_remove_padding",
     "actor_rollout_ref.ref.use_torch_compile": "actor_rollout_ref.actor.use_torch_compile",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
     "actor_rollout_ref.rollout.n_gpus_per_node": "trainer.n_gpus_per_node",
     "actor_rollout_ref.rollout.prompt_length": "data.max_prompt_length",
     "actor_rollout_ref.rollout.response_length": "data.max_response_length",
@@ -394,3 +400,36 @@ def load_settings_checked(config):
     core, recipe = load_settings(config)
     check_verl_settings(config, core)
     return core, recipe
+
+
+def test_the_twin_runs_the_gpus_engine_and_fp32_is_one_switch_away(tmp_path, data_dir):
+    """By default the twin keeps the GPU run's precision (verl's bf16 mixed precision, vLLM in bf16), remove-padding,
+    gradient checkpointing and dynamic batch size (at a smaller token budget); EXGRPO_CPU_PRECISION=fp32 changes exactly the precision keys, to
+    float32 in the trainer and in vLLM; any other value is refused in one line."""
+    env = {"MODEL_PATH": str(fake_model(tmp_path / "model")), "DATA_DIR": str(data_dir), "DRY_RUN": "1",
+           "EXPERIMENT_NAME": "same", **TWIN_ENV}
+    for profile in ("recipe", "paper"):
+        bf16 = run_launcher({**env, "EXGRPO_PROFILE": profile})
+        gpu = run_launcher({**env, "EXGRPO_PROFILE": profile, "EXGRPO_DEVICE": "gpu"})
+        fp32 = run_launcher({**env, "EXGRPO_PROFILE": profile, "EXGRPO_CPU_PRECISION": "fp32"})
+        assert bf16.returncode == gpu.returncode == fp32.returncode == 0, bf16.stderr + fp32.stderr
+        twin, reference = _resolved(bf16.stdout.splitlines()), _resolved(gpu.stdout.splitlines())
+        for key in ("actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.actor.fsdp_config.mixed_precision",
+                    "actor_rollout_ref.rollout.dtype", "actor_rollout_ref.model.use_remove_padding",
+                    "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.actor.use_dynamic_bsz"):
+            assert twin.get(key, "<unset>") == reference.get(key, "<unset>"), key  # mixed_precision: verl's default
+        # micro-batches of 1,024 tokens (sdpa's packed attention is quadratic in them), TOKENS_PER_GPU as on GPU
+        assert twin["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == 1024
+        budget = run_launcher({**env, "EXGRPO_PROFILE": profile, "TOKENS_PER_GPU": "256"})
+        assert _resolved(budget.stdout.splitlines())["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] == 256
+        assert twin["actor_rollout_ref.actor.fsdp_config.dtype"] == "bfloat16" and twin[
+            "actor_rollout_ref.model.use_remove_padding"] is True
+        assert _changed_keys(bf16.stdout.splitlines(), fp32.stdout.splitlines()) - set(VERL_COPIES) == CPU_FP32_KEYS
+        exact = _resolved(fp32.stdout.splitlines())
+        assert exact["actor_rollout_ref.actor.fsdp_config.mixed_precision"] == {
+            "param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+        assert exact["actor_rollout_ref.rollout.dtype"] == "float32"
+    wrong = run_launcher({**env, "EXGRPO_CPU_PRECISION": "fp16"})
+    assert wrong.returncode != 0 and "EXGRPO_CPU_PRECISION=fp16: use bf16 (the default) or fp32" in wrong.stderr
+    page = " ".join((REPO / "docs" / "cpu.md").read_text().split())
+    assert "`EXGRPO_CPU_PRECISION=fp32`" in page
