@@ -4,8 +4,9 @@
 # Everything after a script's name on its command line is passed to hydra and comes last, so any setting can be
 # overridden, e.g. `bash run_scripts/qwen2.5_math_7b_exgrpo.sh trainer.total_training_steps=10`. The layers are merged
 # by hydra's own override parser (recipe/exgrpo/overrides.py): the last layer's value wins whatever shape it was
-# written in (`exgrpo.rho=0.3` after `exgrpo={rho:0.2}`, or the reverse), with the `+` hydra needs (so a key the profile adds can be overridden plainly), and a key that cannot be set is refused
-# in one line before anything starts (DRY_RUN=1 shows the final list).
+# written in (`exgrpo.rho=0.3` after `exgrpo={rho:0.2}`, or the reverse), with the `+` hydra needs (so a key the
+# profile adds can be overridden plainly), and a key that cannot be set is refused in one line before anything
+# starts (DRY_RUN=1 shows the final list).
 #
 # The CPU twin of any script: `EXGRPO_DEVICE=cpu bash run_scripts/<script>.sh [overrides]` runs that script's own
 # configuration (profile, chat template, overrides) through verl on a CPU; only the CPU profile below differs. With
@@ -134,7 +135,8 @@ EXGRPO_CPU_PROFILE=(
 )
 
 # EXGRPO_CPU_PRECISION=fp32 (CPU only): the whole twin in float32, trainer and vLLM, for what needs the rollout's
-# log-probs to equal the trainer's (weight sync checked to ~1e-5); bf16 rounds each log-prob by up to ~1e-2.
+# log-probs to equal the trainer's (weight sync checked to ~1e-5); in bf16 the two engines' roundings put them
+# 0.002-0.008 apart on average (docs/cpu.md, note 9).
 EXGRPO_CPU_FP32=(
   "actor_rollout_ref.actor.fsdp_config.dtype=float32"
   "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32"

@@ -137,9 +137,9 @@ def assert_clean_exit(run: Run) -> None:
 # (928 tokens or more), so verl's dynamic batch size cuts it into several micro-batches balanced by length.
 TOKEN_BUDGET = 256
 # The rollout-vs-trainer log-prob gap in bf16 (vLLM's and FSDP's roundings of the same weights), verl's
-# training/rollout_probs_diff_*: measured on this twin at 0.0021-0.0022 (mean) and 0.016-0.030 (max) over its
-# response tokens (2026-12-03), and the bounds keep 4-5x of headroom over that. In float32 the two engines agree to
-# ~3e-5 (the two-rank run checks it at 1e-4).
+# training/rollout_probs_diff_*: measured on this twin at 0.0018-0.0023 (mean) and 0.015-0.078 (max, the largest of
+# ~1,000 tokens) per step over three runs (2026-12-03); the bounds keep 4x and 2x of headroom over that. In float32
+# the two engines agree to ~2e-6 (the two-rank run checks it at 1e-4).
 BF16_GAP_MEAN, BF16_GAP_MAX, FP32_GAP_MAX = 0.01, 0.15, 1e-4
 
 
@@ -160,10 +160,12 @@ def test_paper_script_twin_trains_with_replay_the_guard_and_strict_grading_and_c
     assert_clean_exit(run)
     # The GPU run's engine: bf16 mixed precision, vLLM in bf16, remove-padding, gradient checkpointing, dynamic
     # batch size at a budget that splits every mini-batch.
-    for setting in ("'param_dtype': 'bf16'", "'use_remove_padding': True", "'enable_gradient_checkpointing': True",
-                    f"'ppo_max_token_len_per_gpu': {TOKEN_BUDGET}", "'use_dynamic_bsz': True"):
+    # (verl prints its config: no mixed_precision section is verl's bf16 default, and no dtype there is float32; the
+    # param_dtype entries it prints belong to engines the run does not use)
+    for setting in ("'use_remove_padding': True", "'enable_gradient_checkpointing': True",
+                    f"'ppo_max_token_len_per_gpu': {TOKEN_BUDGET}", "'use_dynamic_bsz': True", "'dtype': 'bfloat16'"):
         assert setting in run.output, setting
-    assert "'dtype': 'float32'" not in run.output
+    assert "'mixed_precision': {" not in run.output and "'dtype': 'float32'" not in run.output
     steps = train_steps(run, "exgrpo/fresh_acc")
     assert steps == list(range(1, PAPER_STEPS + 1)), sorted(run.metrics)
     # The authors' settings are in force: strict grading, their loss scale (24 x 1 rank / (4 x 8) sequences).
@@ -352,7 +354,7 @@ def test_recipe_defaults_with_continuous_rewards_on_two_ranks_replay_graded_succ
     # replayed questions each held one trajectory scores nothing, so it is enough that one step did).
     assert all(run.metrics[s]["actor/exgrpo/w_mean"] > 0 for s in replayed)
     assert any("exgrpo/selected_entropy_mean" in run.metrics[s] for s in replayed), [run.metrics[s] for s in replayed]
-    assert "'param_dtype': 'fp32'" in run.output and "'param_dtype': 'bf16'" not in run.output
+    assert "'mixed_precision': {'buffer_dtype': 'fp32'," in run.output and "'param_dtype': 'fp32'" in run.output
     for step in steps:
         assert run.metrics[step]["training/rollout_probs_diff_max"] < FP32_GAP_MAX, (step, run.metrics[step])
     pool = ExperiencePool.load(job_root / "ranks2_ckpt" / f"global_step_{STEPS}" / "exgrpo_pool.npz")
