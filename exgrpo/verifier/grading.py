@@ -40,7 +40,7 @@ MULTIPLE_CHOICE_PREFIXES = ("arc", "gpqa", "mmlu", "ai2_arc", "mc_")
 # a typo'd or foreign data_source would otherwise be graded as math without a word, also when it was meant to be
 # multiple choice.
 KNOWN_MATH_SOURCES = frozenset({"openr1", "aime", "aime25", "amc", "math", "minerva", "olympiad_bench",
-                                "synthetic_arith"})
+                                "synthetic_arith", "synthetic_arith_ood"})
 
 
 def _normalised_source(data_source: Any) -> str:

@@ -22,6 +22,7 @@ from exgrpo.algorithm.pool import ExperiencePool, write_atomically
 
 QID_KEY = "qid"
 PENDING_STATE_VERSION = 1
+IN_FLIGHT_STATE_VERSION = 1
 
 
 def question_id(row: Mapping[str, Any]) -> str:
@@ -162,22 +163,56 @@ def load_pending_qids(path: str | os.PathLike) -> list[str]:
         raise ValueError(f"deferred fresh rows file {path} is unreadable: {err!r}") from err
 
 
+def save_in_flight(path: str | os.PathLike, groups: Mapping[str, tuple[str, bool]]) -> None:
+    """Write the groups submitted and not yet trained (verl's uid -> question id, replayed or not), atomically.
+
+    Asynchronous modes checkpoint them inside TransferQueue's state and re-issue them on resume under the same
+    uids; this file tells the resumed trainer which of them are replay groups (K - 1 rollouts, a stored member to
+    insert) and which question each one is.
+    """
+    state = {"version": IN_FLIGHT_STATE_VERSION,
+             "groups": {str(uid): [str(qid), bool(replay)] for uid, (qid, replay) in groups.items()}}
+    payload = json.dumps(state).encode()
+    write_atomically(path, lambda f: f.write(payload))
+
+
+def load_in_flight(path: str | os.PathLike) -> dict[str, tuple[str, bool]]:
+    """Read :func:`save_in_flight`'s file; an unreadable one is an error naming the path."""
+    try:
+        with open(path) as f:
+            state = json.load(f)
+        if int(state["version"]) != IN_FLIGHT_STATE_VERSION:
+            raise ValueError(f"version {state['version']}, this code reads {IN_FLIGHT_STATE_VERSION}")
+        out = {}
+        for uid, (qid, replay) in state["groups"].items():
+            if not isinstance(replay, bool):
+                raise ValueError(f"group {uid!r}: the replay flag {replay!r} is not a boolean")
+            out[str(uid)] = (str(qid), replay)
+        return out
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"in-flight groups file {path} is unreadable: {err!r}") from err
+
+
 def plan_step(
     batch_size: int,
     config: ExGRPOConfig,
     pool: ExperiencePool | None,
     fresh_source: FreshSource,
     replayable: Callable[[str], bool] = lambda qid: True,
+    in_flight: Iterable[str] = (),
 ) -> StepPlan:
     """Compose one step of ``batch_size`` distinct questions (question sampling and batch composition, paper §3.2).
 
     With ExGRPO off or the latch not yet on, all B are fresh: exactly what stock verl would submit.
     ``replayable`` filters pool questions the trainer cannot rebuild a prompt for (e.g. gone from the data).
+    ``in_flight`` holds the questions of groups submitted earlier and not yet trained (asynchronous modes): none of
+    them is drawn, neither replayed nor fresh (a fresh row of one is deferred), so a question is in one group at a
+    time and its pool entry cannot change between the step that chose it and the step that trains it.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     plan = StepPlan()
-    taken: set[str] = set()
+    taken: set[str] = set(in_flight)
     active = config.enable and pool is not None and pool.active
     n_replay = config.n_replay(batch_size, len(pool)) if active else 0
     plan.replay_wanted = n_replay

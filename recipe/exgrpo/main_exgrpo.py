@@ -1,8 +1,8 @@
 """Entry point: ``python -m recipe.exgrpo.main_exgrpo [hydra overrides]`` (run from the repository root).
 
 Same flow as ``python -m verl.trainer.main_ppo`` (config validation, ``run_ppo`` with a Ray TaskRunner), but
-the TaskRunner builds :class:`recipe.exgrpo.trainer.ExGRPOTrainer` instead of looking the trainer up by mode
-name: registering a new mode name would switch on verl's asynchronous code paths.
+the TaskRunner builds the ExGRPO trainer of the configured mode (:data:`recipe.exgrpo.trainer.TRAINERS`) instead
+of looking verl's own up by mode name.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class ExGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
 
         import transfer_queue as tq
 
-        from recipe.exgrpo.trainer import ExGRPOTrainer
+        from recipe.exgrpo.trainer import TRAINERS
 
         config.transfer_queue.enable = True
         pprint(OmegaConf.to_container(config, resolve=True))
@@ -46,7 +46,8 @@ class ExGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
         tq.init(config.transfer_queue)
         succeeded = False
         try:
-            self.trainer = ExGRPOTrainer(config=config)  # ExGRPO: the trainer class (and the check above)
+            # ExGRPO: the trainer class of the mode (settings.check_verl_settings refused the others)
+            self.trainer = TRAINERS[config.trainer.v1.trainer_mode](config=config)
             self.trainer.init()
             self.init_agent_loop_manager()
             self.trainer.fit(self.agent_loop_manager)

@@ -10,7 +10,7 @@ field from a batch read when any key lacks it, which is why the ExGRPO fields ar
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,3 +188,25 @@ def exgrpo_fields(
 def scalar_reward(rm_scores: torch.Tensor) -> float:
     """The trajectory's reward: verl puts the verifier's score on the last response token."""
     return float(torch.as_tensor(rm_scores, dtype=torch.float64).sum())
+
+
+def group_outcome_shares(
+    groups: Mapping[str, Sequence[float]], replay: Iterable[str] = (), reward_min: float = 0.0, reward_max: float = 1.0
+) -> dict[str, float]:
+    """Shares of a step's trained groups whose rewards are all equal (no advantage: GRPO learns nothing from them),
+    and of those all at ``reward_min`` (all wrong) or all at ``reward_max`` (all right); over every group, and over
+    the fresh ones (uids not in ``replay``).
+
+    The quantity the paper's weak-model argument is about: a replayed success gives an otherwise all-wrong group a
+    signal, so ExGRPO's zero-variance share sits below GRPO's on the same task. NaN where there is no group.
+    """
+    replay = set(replay)
+    out: dict[str, float] = {}
+    for prefix, uids in (("groups", list(groups)), ("fresh_groups", [u for u in groups if u not in replay])):
+        rows = [groups[u] for u in uids if len(groups[u])]
+        n = len(rows)
+        equal = [r for r in rows if min(r) == max(r)]
+        out[f"exgrpo/{prefix}_zero_variance"] = len(equal) / n if n else float("nan")
+        out[f"exgrpo/{prefix}_all_wrong"] = sum(r[0] == reward_min for r in equal) / n if n else float("nan")
+        out[f"exgrpo/{prefix}_all_right"] = sum(r[0] == reward_max for r in equal) / n if n else float("nan")
+    return out

@@ -16,6 +16,9 @@ from exgrpo.algorithm.config import ExGRPOConfig
 
 POOL_FILE_NAME = "exgrpo_pool.npz"
 PENDING_FILE_NAME = "exgrpo_pending_fresh.json"  # deferred fresh rows' question ids, beside the pool file
+IN_FLIGHT_FILE_NAME = "exgrpo_in_flight.json"  # asynchronous modes: the groups submitted and not yet trained
+# verl's V1 trainer modes the recipe runs ExGRPO in (recipe.exgrpo.trainer.TRAINERS)
+TRAINER_MODES = ("sync", "colocate_async")
 
 
 @dataclass(frozen=True)
@@ -169,11 +172,14 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
     if not trainer.get("use_v1", True):
         raise ValueError("trainer.use_v1=false: the ExGRPO recipe targets verl's V1 trainer; set trainer.use_v1=true")
     mode = trainer["v1"]["trainer_mode"]
-    if mode != "sync":
+    if mode == "separate_async":
         raise ValueError(
-            f"trainer.v1.trainer_mode={mode!r}: the ExGRPO trainer subclasses PPOTrainerSync and must run in "
-            "'sync' mode (other mode names switch on asynchronous behaviour in verl's base trainer)"
+            "trainer.v1.trainer_mode='separate_async': not supported by the ExGRPO recipe yet (its rollout and "
+            "trainer GPUs, and a step split into parameter_sync_step mini-batch updates, are untested with replay); "
+            "use 'colocate_async' or 'sync'"
         )
+    if mode not in TRAINER_MODES:
+        raise ValueError(f"trainer.v1.trainer_mode={mode!r}: the ExGRPO recipe runs in {', '.join(TRAINER_MODES)}")
     check_sequence_parallel_attention(config)
     actor = config["actor_rollout_ref"]["actor"]
     if core.skip_step_grad_norm is not None and actor.get("strategy", "fsdp") not in ("fsdp", "fsdp2"):
@@ -193,10 +199,10 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
             "advantages over the mixed fresh + replayed group)"
         )
     # PPOTrainer.__init__ reads trainer.v1.<trainer_mode>.parameter_sync_step, default 1 (verl's sync: {} has none)
-    sync_step = (trainer["v1"].get("sync", None) or {}).get("parameter_sync_step", 1)
+    sync_step = (trainer["v1"].get(mode, None) or {}).get("parameter_sync_step", 1)
     if sync_step != 1:
         raise ValueError(
-            f"trainer.v1.sync.parameter_sync_step={sync_step!r}: verl would split each step into that many local "
+            f"trainer.v1.{mode}.parameter_sync_step={sync_step!r}: verl would split each step into that many local "
             "updates (_step_once) under one prepare_step, but ExGRPO plans the step's replayed and fresh questions "
             "once, completes replay groups only in the slice that samples them, and would run the delayed-start "
             "latch and the pool's collection once per slice on a partial batch; set it to 1 (or leave it unset)"

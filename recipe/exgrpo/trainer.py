@@ -1,9 +1,11 @@
-"""ExGRPO on verl 0.9.1's V1 synchronous trainer.
+"""ExGRPO on verl 0.9.1's V1 trainers: the synchronous one, and ``colocate_async`` (partial rollout).
 
 One step, in order (the parent's ``_step_once`` with four insertions, marked ExGRPO):
   1. prepare_step [ExGRPO]: B distinct questions: n_replay from the pool (K - 1 sessions each via
-     ``__rollout_n__``), the rest fresh from the dataloader (K sessions), never a retired one.
-  2. replay_buffer.sample: wait for the B groups; the rollout engine goes to sleep.
+     ``__rollout_n__``), the rest fresh from the dataloader (K sessions), never a retired one and never one whose
+     group is still in flight (asynchronous modes submit a step's prompts before earlier ones are trained).
+  2. replay_buffer.sample: wait for B finished groups (the oldest submitted first); the rollout engine goes to
+     sleep (colocate_async: unfinished generations are aborted, and resumed after the weight update).
   3. insert [ExGRPO]: score every stored trajectory of each replayed question by mean token entropy under the
      current actor (one batched forward), recompute the chosen one's reward, and write it into
      TransferQueue as session K - 1 of its group, built from a live record of that group.
@@ -12,6 +14,13 @@ One step, in order (the parent's ``_step_once`` with four insertions, marked ExG
   6. collect [ExGRPO]: from the *fresh* rollouts only: the delayed-start latch, then per question
      store / retire / re-bucket in the pool. This runs before ``fit`` clears the step's TransferQueue data.
 With ``exgrpo.enable=false`` every override defers to the parent: stock verl GRPO.
+
+The ExGRPO part is one mixin, :class:`ExGRPOTrainerMixin`, over each verl trainer class (:data:`TRAINERS`, by
+``trainer.v1.trainer_mode``). What the asynchronous mode changes, and what it means for the algorithm (docs/gpu.md,
+"Asynchronous training"): a group is trained in the step that samples it, which may come after the step that
+submitted it; its question stays out of every draw until then, so the pool entry it was chosen from is the one
+its stored member is picked from; the trajectories it stores carry the log-probs of the policy that trained on it
+(recomputed, as in the synchronous mode), never the rollout engine's, which may span a weight update.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.protocol import DataProto
 from verl.trainer.ppo.utils import Role
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
@@ -48,9 +58,11 @@ from recipe.exgrpo.composition import (
     FreshRow,
     FreshSource,
     StepPlan,
+    load_in_flight,
     load_pending_qids,
     plan_step,
     question_id,
+    save_in_flight,
     save_pending_qids,
 )
 from recipe.exgrpo.loss import CLIP_FRESH_KEY, finish_replay_metrics
@@ -60,10 +72,17 @@ from recipe.exgrpo.records import (
     ReplayedMember,
     exgrpo_fields,
     final_outputs,
+    group_outcome_shares,
     replay_record,
     scalar_reward,
 )
-from recipe.exgrpo.settings import PENDING_FILE_NAME, POOL_FILE_NAME, check_verl_settings, load_settings
+from recipe.exgrpo.settings import (
+    IN_FLIGHT_FILE_NAME,
+    PENDING_FILE_NAME,
+    POOL_FILE_NAME,
+    check_verl_settings,
+    load_settings,
+)
 from recipe.exgrpo.storage import actor_removed, clear_removed_actor
 
 logger = logging.getLogger(__name__)
@@ -81,8 +100,9 @@ class GroupInfo:
     is_replay: bool
 
 
-class ExGRPOTrainer(PPOTrainerSync):
-    """PPOTrainerSync with ExGRPO's experience pool, replay insertion and pool checkpointing."""
+class ExGRPOTrainerMixin:
+    """ExGRPO's experience pool, prompt composition, replay insertion and pool checkpointing, over any of verl's V1
+    trainer classes (listed first in the bases, so its overrides wrap the mode's own)."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -92,7 +112,8 @@ class ExGRPOTrainer(PPOTrainerSync):
         self.pool: ExperiencePool | None = (
             ExperiencePool(self.exgrpo_config, seed=self.exgrpo_settings.seed) if self.exgrpo_enabled else None
         )
-        self._groups: dict[str, GroupInfo] = {}
+        self._groups: dict[str, GroupInfo] = {}  # submitted groups not yet trained, by verl's uid
+        self._compose_metrics: dict[str, float] = {}
         self._step_replayed: dict[str, ReplayedMember] = {}
         self._replay_has_rollout_log_probs = False  # the step's records carry rollout_log_probs (set at insertion)
         self._fresh_source: FreshSource | None = None
@@ -180,27 +201,46 @@ class ExGRPOTrainer(PPOTrainerSync):
         return self._submit_batch_to_rollout(batch)
 
     def prepare_step(self) -> dict:
+        """The mode's own preparation (separate_async waits there), which submits the step's prompts through
+        :meth:`_add_batch_to_generate`; then the composition's metrics."""
+        metrics = super().prepare_step()
+        if self.exgrpo_enabled:
+            metrics.update(self._compose_metrics)
+        return metrics
+
+    def live_prompt_uids(self) -> set[str]:
+        """uids of the training groups TransferQueue still holds: submitted and not yet sampled by a step (verl's
+        replay buffer clears a group's prompt key when a step samples it, and when it evicts the group)."""
+        listing = tq.kv_list("train") or {}
+        return {key for key, tag in listing.get("train", {}).items() if tag.get("is_prompt", False)}
+
+    def _add_batch_to_generate(self):
         if not self.exgrpo_enabled:
-            return super().prepare_step()
+            return super()._add_batch_to_generate()
         start = time.perf_counter()
-        self._groups = {}
-        self._step_replayed = {}
+        # Groups submitted by earlier steps and not yet trained (asynchronous modes; none in sync mode, where this
+        # is a reset) keep their bookkeeping, and their questions stay out of this step's draw.
+        live = self.live_prompt_uids() if self._groups and self.trainer_mode != "sync" else set()
+        self._groups = {uid: info for uid, info in self._groups.items() if uid in live}
+        in_flight = {info.qid for info in self._groups.values()}
         batch_size = self.config.data.train_batch_size
         n_rollouts = self.config.actor_rollout_ref.rollout.n
         index = self.question_index() if self.pool.active and len(self.pool) else {}
         plan: StepPlan = plan_step(
-            batch_size, self.exgrpo_config, self.pool, self.fresh_source, replayable=lambda qid: qid in index
+            batch_size, self.exgrpo_config, self.pool, self.fresh_source, replayable=lambda qid: qid in index,
+            in_flight=in_flight,
         )
         rows = [item.row for item in plan.fresh] + [self.train_dataset[index[q]] for q in plan.replay_qids]
         infos = [GroupInfo(item.qid, False) for item in plan.fresh] + [GroupInfo(q, True) for q in plan.replay_qids]
         ns = [n_rollouts] * len(plan.fresh) + [n_rollouts - 1] * len(plan.replay_qids)
         self._submit_rows(rows, infos, ns)
-        return {
+        self._compose_metrics = {
             "exgrpo/replay_questions": float(len(plan.replay_qids)),
             "exgrpo/replay_wanted": float(plan.replay_wanted),
             "exgrpo/fresh_questions": float(len(plan.fresh)),
             "exgrpo/skipped_retired": float(plan.skipped_retired),
             "exgrpo/deferred_fresh": float(plan.deferred),
+            "exgrpo/in_flight_questions": float(len(in_flight)),
             # drawing replay and fresh questions and submitting them to the rollout (verl has no timer here)
             "timing_s/exgrpo_compose": time.perf_counter() - start,
         }
@@ -218,8 +258,10 @@ class ExGRPOTrainer(PPOTrainerSync):
 
     # ------------------------------------------------------------------ one update
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
-        if not self.exgrpo_enabled:
-            return super()._step_once(metrics, timing_raw, sample_batch_size)
+        if not self.exgrpo_enabled:  # plain GRPO, with the same group statistics, for side-by-side runs
+            batch = super()._step_once(metrics, timing_raw, sample_batch_size)
+            self.log_group_outcomes(batch, metrics)
+            return batch
         with marked_timer("gen", timing_raw, color="red"):
             self.on_sample_begin()
             batch, off_policy_metrics = self.replay_buffer.sample(
@@ -258,7 +300,22 @@ class ExGRPOTrainer(PPOTrainerSync):
 
         with marked_timer("exgrpo_collect", timing_raw, color="purple"):
             self.collect_experience(batch, metrics)
+        self.log_group_outcomes(batch, metrics)
         return batch
+
+    def log_group_outcomes(self, batch: KVBatchMeta, metrics: dict) -> None:
+        """Zero-variance shares of the step's trained groups (replayed member included), all and fresh only."""
+        keys = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
+        groups = final_outputs(keys)
+        if not groups:
+            return
+        ordered = [key for uid in groups for _, key in sorted(groups[uid].items())]
+        data = tq.kv_batch_get(keys=ordered, partition_id=batch.partition_id, select_fields=["rm_scores"])
+        rewards = iter(scalar_reward(t) for t in data["rm_scores"].unbind())
+        per_group = {uid: [next(rewards) for _ in sessions] for uid, sessions in groups.items()}
+        replay = [uid for uid, info in self._groups.items() if info.is_replay] if self.exgrpo_enabled else []
+        config = self.exgrpo_config
+        metrics.update(group_outcome_shares(per_group, replay, config.reward_min, config.reward_max))
 
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """The parent's pass; then replayed rows get the current actor's log-probs as ``rollout_log_probs``.
@@ -318,9 +375,11 @@ class ExGRPOTrainer(PPOTrainerSync):
         groups = final_outputs(batch.keys)
         tag_of = dict(zip(batch.keys, batch.tags, strict=True))
         replay_uids = [uid for uid in groups if uid in self._groups and self._groups[uid].is_replay]
-        missing_groups = sum(
-            1 for uid, info in self._groups.items() if info.is_replay and uid not in groups
-        )
+        # replay groups submitted, not in this batch, and gone from TransferQueue (verl evicted them); in the
+        # asynchronous modes the others are still in flight, for a later step
+        absent = [uid for uid, info in self._groups.items() if info.is_replay and uid not in groups]
+        live = self.live_prompt_uids() if absent and self.trainer_mode != "sync" else set()
+        missing_groups = sum(1 for uid in absent if uid not in live)
         if not replay_uids:
             metrics.update({"exgrpo/inserted": 0.0, "exgrpo/replay_groups_without_rollouts": float(missing_groups)})
             return batch
@@ -341,7 +400,15 @@ class ExGRPOTrainer(PPOTrainerSync):
         self._replay_has_rollout_log_probs = "rollout_log_probs" in data.keys()
 
         with marked_timer("exgrpo_score", timing_raw):
-            members = self._select_members(replay_uids, templates)
+            chosen = self._select_members(replay_uids, templates)
+        without_candidates = sum(m is None for m in chosen)
+        kept = [i for i, m in enumerate(chosen) if m is not None]
+        templates, template_keys = [templates[i] for i in kept], [template_keys[i] for i in kept]
+        members = [chosen[i] for i in kept]
+        metrics["exgrpo/replay_groups_without_candidates"] = float(without_candidates)
+        if not members:
+            metrics.update({"exgrpo/inserted": 0.0, "exgrpo/replay_groups_without_rollouts": float(missing_groups)})
+            return batch
         with marked_timer("exgrpo_rescore", timing_raw):
             rewards = self._recompute_rewards(templates, members)
         with marked_timer("exgrpo_insert", timing_raw):
@@ -377,13 +444,18 @@ class ExGRPOTrainer(PPOTrainerSync):
             extra_info=batch.extra_info,
         )
 
-    def _select_members(self, replay_uids: list[str], templates: list[dict[str, Any]]) -> list[ReplayedMember]:
-        """Pick each replayed question's trajectory: lowest mean entropy (batched scoring) or random."""
+    def _select_members(
+        self, replay_uids: list[str], templates: list[dict[str, Any]]
+    ) -> list[ReplayedMember | None]:
+        """Pick each replayed question's trajectory: lowest mean entropy (batched scoring) or random; None for a
+        question the pool no longer holds a trajectory of."""
         chosen: list[ReplayedMember | None] = [None] * len(replay_uids)
         to_score: list[tuple[int, list]] = []
         for i, uid in enumerate(replay_uids):
             qid = self._groups[uid].qid
-            candidates = self.pool.candidates(qid)
+            candidates = self.pool.candidates(qid) if qid in self.pool else []
+            if not candidates:  # gone while its group was in flight (the global token cap): K - 1 fresh members
+                continue
             if self.exgrpo_config.select == "random":
                 pick = self.pool.choose_random(len(candidates))
             elif len(candidates) == 1:
@@ -407,7 +479,7 @@ class ExGRPOTrainer(PPOTrainerSync):
                     replay_uids[i], self._groups[replay_uids[i]].qid, "", item.token_ids, item.log_probs, item.step,
                     entropy=float(own[pick]), n_candidates=len(candidates),
                 )
-        return [m for m in chosen if m is not None]
+        return chosen
 
     def _actor_dp_size(self) -> int:
         worker_group = self.actor_rollout_wg
@@ -584,9 +656,15 @@ class ExGRPOTrainer(PPOTrainerSync):
             if hold_requested("pool_rename", self.global_steps):  # the crash test: die with the file half-saved
                 os.replace = lambda src, dst: hold_if_asked("pool_rename", self.global_steps)
             self.pool.save(os.path.join(folder, POOL_FILE_NAME))
+            in_flight = ""
+            if self.trainer_mode != "sync":  # verl's TransferQueue state keeps these groups' prompts; this, what they are
+                live = self.live_prompt_uids()
+                groups = {uid: (info.qid, info.is_replay) for uid, info in self._groups.items() if uid in live}
+                save_in_flight(os.path.join(folder, IN_FLIGHT_FILE_NAME), groups)
+                in_flight = f", {len(groups)} groups in flight ({sum(r for _, r in groups.values())} replayed)"
             # Printed, not logged: the resumed run prints the restored pool's digest the same way, for comparison.
             print(f"[exgrpo] saved pool of step {self.global_steps}: {len(self.pool)} questions, {len(pending)} "
-                  f"deferred fresh questions, state {self.pool.state_digest()}", flush=True)
+                  f"deferred fresh questions{in_flight}, state {self.pool.state_digest()}", flush=True)
             hold_if_asked("tracker", self.global_steps)
         super()._save_checkpoint()
         if self.exgrpo_enabled and self.config.trainer.get("max_actor_ckpt_to_keep", None):
@@ -614,6 +692,22 @@ class ExGRPOTrainer(PPOTrainerSync):
             folder = self._resume_folder()
             self.load_pool(folder)
             self.load_pending_fresh(folder)
+            if self.trainer_mode != "sync":
+                self.load_in_flight(folder)
+
+    def load_in_flight(self, folder: str | None) -> None:
+        """The resumed step's groups in flight, which verl restores from its TransferQueue state and re-issues
+        under the same uids: which question each is, and which are replay groups. Without the file (a checkpoint
+        of the synchronous mode) they are trained as fresh groups and not collected, with a warning."""
+        path = os.path.join(folder, IN_FLIGHT_FILE_NAME) if folder else None
+        if path is None or not os.path.isfile(path):
+            logger.warning(f"ExGRPO: no {IN_FLIGHT_FILE_NAME} in the resumed checkpoint; groups restored by verl are "
+                           "trained without replay and not collected")
+            return
+        groups = load_in_flight(path)
+        self._groups = {uid: GroupInfo(qid, replay) for uid, (qid, replay) in groups.items()}
+        print(f"[exgrpo] restored {len(groups)} groups in flight of step {self.global_steps} "
+              f"({sum(r for _, r in groups.values())} replayed)", flush=True)
 
     def load_pending_fresh(self, folder: str | None) -> None:
         """Put the fresh rows the resumed step had deferred back in front of the dataloader, by question id.
@@ -653,6 +747,20 @@ class ExGRPOTrainer(PPOTrainerSync):
             self.pool = ExperiencePool(self.exgrpo_config, seed=self.exgrpo_settings.seed)
 
 
+class ExGRPOTrainer(ExGRPOTrainerMixin, PPOTrainerSync):
+    """``trainer.v1.trainer_mode=sync``: rollout and training on the same GPUs, one step's prompts at a time."""
+
+
+class ExGRPOColocateAsyncTrainer(ExGRPOTrainerMixin, PPOTrainerColocateAsync):
+    """``trainer.v1.trainer_mode=colocate_async``: rollout and training on the same GPUs; generations unfinished
+    when a step's batch is full are aborted and resumed after the weight update (partial rollout), and
+    ``num_warmup_batches`` batches are submitted ahead, so a step trains groups an earlier step submitted."""
+
+
+# verl's trainer_mode -> the ExGRPO trainer over that mode's verl class (settings.TRAINER_MODES names these)
+TRAINERS: dict[str, type] = {"sync": ExGRPOTrainer, "colocate_async": ExGRPOColocateAsyncTrainer}
+
+
 def prune_pool_files(root: str, current_step: int) -> list[str]:
     """Delete ExGRPO files of older steps whose actor checkpoint verl removed (max_actor_ckpt_to_keep).
 
@@ -677,7 +785,7 @@ def prune_pool_files(root: str, current_step: int) -> list[str]:
         folder = os.path.join(root, name)
         if step >= current_step or not actor_removed(folder):
             continue
-        for path in (os.path.join(folder, POOL_FILE_NAME), os.path.join(folder, PENDING_FILE_NAME)):
+        for path in (os.path.join(folder, name) for name in (POOL_FILE_NAME, PENDING_FILE_NAME, IN_FLIGHT_FILE_NAME)):
             if os.path.isfile(path):
                 os.remove(path)
                 removed.append(path)

@@ -21,6 +21,7 @@ from recipe.exgrpo.records import (  # noqa: E402
     ReplayedMember,
     exgrpo_fields,
     final_outputs,
+    group_outcome_shares,
     parse_key,
     replay_record,
 )
@@ -51,6 +52,24 @@ def test_parse_and_final_outputs_follow_verl_key_format_and_last_index():
         parse_key("nounderscore")
     groups = final_outputs(["u_0_0", "u_0_1", "u_1_0", "v_2_0"])
     assert groups == {"u": {0: "u_0_1", 1: "u_1_0"}, "v": {2: "v_2_0"}}
+
+
+def test_group_outcome_shares_count_equal_groups_over_all_and_over_fresh_ones():
+    # a: all wrong (fresh); b: mixed; c: all right (replay); d: all wrong + a replayed success (replay, mixed);
+    # e: all 0.5 (graded: zero variance, neither all wrong nor all right); an empty group is not counted
+    groups = {"a": [0.0, 0.0, 0.0], "b": [0.0, 1.0, 0.0], "c": [1.0, 1.0], "d": [0.0, 0.0, 1.0],
+              "e": [0.5, 0.5], "f": []}
+    shares = group_outcome_shares(groups, replay=["c", "d"])
+    assert shares["exgrpo/groups_zero_variance"] == 3 / 5
+    assert shares["exgrpo/groups_all_wrong"] == 1 / 5
+    assert shares["exgrpo/groups_all_right"] == 1 / 5
+    assert shares["exgrpo/fresh_groups_zero_variance"] == 2 / 3  # a, e of a, b, e
+    assert shares["exgrpo/fresh_groups_all_wrong"] == 1 / 3
+    assert shares["exgrpo/fresh_groups_all_right"] == 0.0
+    other_scale = group_outcome_shares({"a": [-1.0, -1.0], "b": [0.0, 0.0]}, reward_min=-1.0, reward_max=0.0)
+    assert other_scale["exgrpo/groups_all_wrong"] == other_scale["exgrpo/groups_all_right"] == 0.5
+    assert np.isnan(group_outcome_shares({}, [])["exgrpo/groups_zero_variance"])
+    assert np.isnan(group_outcome_shares({"r": [1.0, 0.0]}, ["r"])["exgrpo/fresh_groups_zero_variance"])
 
 
 def test_replay_record_keeps_every_field_and_replaces_sequence_reward_and_bookkeeping():
@@ -112,7 +131,9 @@ def test_recipe_yaml_composes_passes_verl_validation_and_ties_k_to_rollout_n():
         ("exgrpo.rho=1.5", "rho"),
         ("exgrpo.n_rollouts=3", "n_rollouts"),
         ("data.gen_batch_size=4", "gen_batch_size"),
-        ("trainer.v1.trainer_mode=colocate_async", "trainer_mode"),
+        ("trainer.v1.trainer_mode=separate_async", "trainer_mode='separate_async': not supported"),
+        ("trainer.v1.trainer_mode=fully_async", "trainer_mode='fully_async': the ExGRPO recipe runs in sync, "
+         "colocate_async"),
         ("algorithm.adv_estimator=gae", "adv_estimator"),
         ("algorithm.rollout_correction.rollout_is=token", "rollout_is"),
         ("exgrpo.allow_empty_pool_on_resume=maybe", "allow_empty_pool_on_resume"),
@@ -262,6 +283,10 @@ def test_several_local_updates_per_step_are_refused_naming_the_key_verl_reads():
     checked(["exgrpo.enable=false", "+trainer.v1.sync.parameter_sync_step=4"])
     # the asynchronous modes' own value (4 in verl's yaml) is not the sync trainer's
     assert compose_config(BASE).trainer.v1.separate_async.parameter_sync_step == 4
+    # colocate_async reads its own section, which has no key in verl's yaml: one update a step
+    checked(["trainer.v1.trainer_mode=colocate_async"])
+    with pytest.raises(ValueError, match=r"^trainer\.v1\.colocate_async\.parameter_sync_step=2: .*set it to 1"):
+        checked(["trainer.v1.trainer_mode=colocate_async", "+trainer.v1.colocate_async.parameter_sync_step=2"])
 
 
 SDPA = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"

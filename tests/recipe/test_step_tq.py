@@ -266,8 +266,14 @@ def test_enable_false_submits_stock_prompts_and_runs_the_stock_step(tq_cluster, 
     assert ours.batch_fields == theirs.batch_fields and "__rollout_n__" not in ours.batch_fields[0]
     assert [(s["qid"], s["n"]) for s in ours.submitted] == [(s["qid"], s["n"]) for s in theirs.submitted]
     assert [(s["qid"], s["explicit_n"]) for s in ours.submitted] == [(f"q{i}", False) for i in range(4)]
-    assert len(batch) == 16 and not any(key.startswith("exgrpo/") for key in metrics)
-    assert not any("exgrpo" in key for key in metrics)  # ppo_loss: no replay statistics
+    # ppo_loss: no replay statistics; the one thing of ExGRPO's the baseline logs is the step's group outcomes, the
+    # same statistics as ExGRPO's for side-by-side runs: q0 2/4, q1 1/4 mixed, q2 4/4, q3 0/4 (all fresh)
+    group_keys = {f"exgrpo/{kind}_{what}" for kind in ("groups", "fresh_groups")
+                  for what in ("zero_variance", "all_wrong", "all_right")}
+    assert len(batch) == 16 and {key for key in metrics if "exgrpo" in key} == group_keys
+    for kind in ("groups", "fresh_groups"):
+        assert metrics[f"exgrpo/{kind}_zero_variance"] == 0.5
+        assert metrics[f"exgrpo/{kind}_all_wrong"] == metrics[f"exgrpo/{kind}_all_right"] == 0.25
     assert IS_REPLAY_FIELD not in tq_cluster.kv_batch_get(keys=batch.keys[:1], partition_id="train").keys()
     tq_cluster.kv_clear(keys=batch.keys, partition_id="train")
     pending = [s["uid"] for s in theirs.submitted]
