@@ -53,11 +53,10 @@ SEEDS = (0, 1, 2)
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 # The twin's size (docs/cpu.md, "It learns, on this CPU"): 8 questions x 8 rollouts at temperature 1, one AdamW step
-# a step at lr 5e-6, 64-token prompts and 32-token responses.
+# a step (at the regime's learning rate), 64-token prompts and 32-token responses.
 COMMON = [
     "actor_rollout_ref.rollout.n=8",
     "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-    "actor_rollout_ref.actor.optim.lr=5e-6",
     f"trainer.total_training_steps={STEPS}",
     f"trainer.test_freq={TEST_FREQ}",
     f"trainer.save_freq={SAVE_FREQ}",
@@ -73,6 +72,8 @@ class Regime:
     arms: tuple[str, ...]  # run seed by seed, side by side
     late_arms: tuple[str, ...]  # run after every regime's arms are done for every seed
     about: str = ""
+    lr: str = "1e-5"
+    seeds: tuple[int, ...] | None = None  # None: the study's seeds
 
 
 ARMS: dict[str, list[str]] = {
@@ -86,6 +87,10 @@ ARMS: dict[str, list[str]] = {
     "exgrpo_start0_no_shaping": ["exgrpo.start_acc=0.0", "exgrpo.shaping=false"],
 }
 REGIMES: dict[str, Regime] = {
+    # the first pair run (2026-12-03): at lr 5e-6 the fresh accuracy crossed the delayed start only at step 16 of 20,
+    # so replay ran 4 steps; kept as measured, and the study's regimes use lr 1e-5
+    "headroom_lr5e-6": Regime((1, 2), (3,), ("grpo", "exgrpo"), (),
+                              "the headroom task at lr 5e-6 (pilot, one seed)", lr="5e-6", seeds=(0,)),
     "headroom": Regime((1, 2), (3,), ("grpo", "exgrpo"), (),
                        "levels 1-2 in words (one digit with one, two digits with one); OOD level 3"),
     "weak": Regime((3,), (2,), ("grpo", "exgrpo_start0"), ("exgrpo",),
@@ -118,8 +123,11 @@ class RunId:
 def plan(seeds: Sequence[int] = SEEDS, with_ablations: Sequence[str] = ()) -> list[RunId]:
     """Run order: seed by seed, each regime's arms side by side, so a sitting cut short leaves whole pairs; then the
     late arms (the weak regime at the paper's delayed start); the ablation arms (asked for by name, in the regime given as ``regime/arm``) after everything else."""
-    out = [RunId(r, a, s) for s in seeds for r, regime in REGIMES.items() for a in regime.arms]
-    out += [RunId(r, a, s) for r, regime in REGIMES.items() for a in regime.late_arms for s in seeds]
+    def own(regime: Regime) -> Sequence[int]:
+        return seeds if regime.seeds is None else [s for s in regime.seeds if s in seeds]
+
+    out = [RunId(r, a, s) for s in seeds for r, regime in REGIMES.items() for a in regime.arms if s in own(regime)]
+    out += [RunId(r, a, s) for r, regime in REGIMES.items() for a in regime.late_arms for s in own(regime)]
     for item in with_ablations:
         regime, arm = item.split("/")
         out += [RunId(regime, arm, s) for s in seeds]
@@ -228,7 +236,7 @@ def execute(run: RunId, work: Path, model: Path) -> dict[str, Any]:
     train_file, val_file = task_files(run.regime, work)
     folder = work / "runs" / run.name
     folder.mkdir(parents=True, exist_ok=True)
-    overrides = [*COMMON, f"data.seed={run.seed}", f"actor_rollout_ref.rollout.seed={run.seed}",
+    overrides = [*COMMON, f"actor_rollout_ref.actor.optim.lr={REGIMES[run.regime].lr}", f"data.seed={run.seed}", f"actor_rollout_ref.rollout.seed={run.seed}",
                  f"exgrpo.seed={run.seed}", *ARMS[run.arm]]
     env = {**os.environ, **ENV, "EXGRPO_DEVICE": "cpu", "MODEL_PATH": str(model), "TRAIN_FILE": str(train_file),
            "VAL_FILE": str(val_file), "CKPT_DIR": str(folder)}

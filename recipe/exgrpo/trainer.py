@@ -332,10 +332,12 @@ class ExGRPOTrainerMixin:
         if not (self.exgrpo_enabled and replayed and self._replay_has_rollout_log_probs):
             return batch
         old = tq.kv_batch_get(keys=replayed, partition_id=batch.partition_id, select_fields=["old_log_probs"])
+        # In float32, the rollout engine's dtype for the field (a bf16 engine's log-probs widen exactly): a column of
+        # TransferQueue holds one dtype, and a bf16 write is refused by its controller with only a logged error.
         tq.kv_batch_put(
             keys=replayed,
             partition_id=batch.partition_id,
-            fields=TensorDict({"rollout_log_probs": old["old_log_probs"]}, batch_size=len(replayed)),
+            fields=TensorDict({"rollout_log_probs": old["old_log_probs"].to(torch.float32)}, batch_size=len(replayed)),
         )
         if self.config.actor_rollout_ref.rollout.calculate_log_probs:
             rollout_keys = [key for key in batch.keys if key not in self._step_replayed]

@@ -75,6 +75,15 @@ class ScriptedAgentLoopManager:
         self.policy = policy
         self.submitted: list[dict] = []
         self.batch_fields: list[list[str]] = []
+        # While true, new groups are written but their prompt stays "running" (a generation the step's sampling
+        # cannot take yet, as an asynchronous mode's in-flight request) until ``release``.
+        self.hold = False
+        self.held: list[str] = []
+
+    def release(self) -> None:
+        for uid in self.held:
+            tq.kv_put(key=uid, partition_id="train", tag={"status": "finished"})
+        self.held = []
 
     def generate_sequences(self, batch) -> None:
         tokenizer = self.policy.tokenizer
@@ -134,7 +143,11 @@ class ScriptedAgentLoopManager:
                              "min_global_steps": step, "max_global_steps": step})
             if keys:
                 tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
-            tq.kv_put(key=uid, partition_id="train", tag={"status": "failure" if failed else "finished"})
+            if self.hold and not failed:
+                self.held.append(uid)
+                tq.kv_put(key=uid, partition_id="train", tag={"status": "running"})
+            else:
+                tq.kv_put(key=uid, partition_id="train", tag={"status": "failure" if failed else "finished"})
 
 
 class ForwardingWorkerGroup:
@@ -196,6 +209,12 @@ class _RewardManager:
 
 class _CheckpointEngine:
     def sleep_replicas(self):
+        return None
+
+    def abort_replicas(self):  # colocate_async: abort unfinished generations when a step's batch is full
+        return None
+
+    def resume_generation_replicas(self):
         return None
 
     def update_weights(self, step):

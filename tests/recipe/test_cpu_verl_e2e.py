@@ -128,9 +128,14 @@ def train_steps(run: Run, key: str = "actor/pg_loss") -> list[int]:
     return sorted(s for s, m in run.metrics.items() if key in m)
 
 
+# What TransferQueue's controller logs, and nothing raises, when a write is refused (a column's dtype changed, ...)
+TQ_ERROR = "Error updating production status"
+
+
 def assert_clean_exit(run: Run) -> None:
     assert run.returncode == 0, run.tail()
     assert "Traceback" not in run.output, run.tail()
+    assert TQ_ERROR not in run.output, [line for line in run.output.splitlines() if TQ_ERROR in line][:3]
 
 
 # The paper twin's micro-batch token budget: a mini-batch is 4 questions x 8 rollouts of at least 29 prompt tokens
@@ -361,3 +366,68 @@ def test_recipe_defaults_with_continuous_rewards_on_two_ranks_replay_graded_succ
     assert pool.config.reward_type == "continuous" and len(pool) > 0
     rewards = [t.reward for qid in pool.state_dict()["qids"] for t in pool.candidates(str(qid))]
     assert all(0.0 < r <= 1.0 for r in rewards) and any(r < 1.0 for r in rewards), rewards
+
+
+ASYNC = "trainer.v1.trainer_mode=colocate_async"
+# The paper profile latches at step 1 (fresh accuracy ~0.4-0.6 under strict grading), collects from step 2, and
+# chooses replayed questions from step 3 on; in colocate_async they are trained a step after they are chosen.
+ASYNC_STEPS = 3
+
+
+def in_flight_lines(output: str, verb: str) -> dict[int, tuple[int, int]]:
+    """step -> (groups in flight, replayed), from ``[exgrpo] saved pool of step N: ... G groups in flight (R
+    replayed)`` or ``[exgrpo] restored G groups in flight of step N (R replayed)``."""
+    if verb == "saved":
+        pattern = r"\[exgrpo\] saved pool of step (\d+):.*? (\d+) groups in flight \((\d+) replayed\)"
+        return {int(s): (int(g), int(r)) for s, g, r in re.findall(pattern, output)}
+    pattern = r"\[exgrpo\] restored (\d+) groups in flight of step (\d+) \((\d+) replayed\)"
+    return {int(s): (int(g), int(r)) for g, s, r in re.findall(pattern, output)}
+
+
+def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_its_groups_in_flight(job_root):
+    """The 7B paper script's twin with ``trainer.v1.trainer_mode=colocate_async`` (partial rollout, one warm-up
+    batch ahead), as a user starts it: it trains groups an earlier step submitted (verl's staleness metric), replays
+    through the delayed start, saves the groups in flight beside the pool at each step, and a rerun two steps further
+    resumes with the saved pool digest and the same groups in flight, which verl re-issues: every restored replay
+    group is completed by its stored member once a step trains it (by the second resumed step at the latest, verl
+    sampling the oldest groups first)."""
+    from recipe.exgrpo.composition import load_in_flight
+
+    ckpt = job_root / "async_ckpt"
+    common = ("trainer.save_freq=1", "trainer.test_freq=100", "trainer.val_before_train=false", ASYNC)
+    env = {"TOKENS_PER_GPU": str(TOKEN_BUDGET)}
+    run = run_job(job_root / "user", ckpt, "async", f"trainer.total_training_steps={ASYNC_STEPS}", *common,
+                  env_extra=env)
+    assert_clean_exit(run)
+    assert "'trainer_mode': 'colocate_async'" in run.output and "'num_warmup_batches': 1" in run.output
+    steps = train_steps(run, "exgrpo/fresh_acc")
+    assert steps == list(range(1, ASYNC_STEPS + 1)), sorted(run.metrics)
+    staleness = [run.metrics[s]["training/off_policy/trajectory_staleness/max"] for s in steps]
+    assert max(staleness) >= 1, staleness  # trajectories generated before the last weight update were trained
+    assert run.metrics[1]["exgrpo/latch"] == 1.0 and run.metrics[1]["exgrpo/in_flight_questions"] > 0
+    chosen = run.metrics[ASYNC_STEPS]["exgrpo/replay_questions"]
+    assert chosen >= 1, {s: run.metrics[s].get("exgrpo/replay_questions") for s in steps}
+    saved, digests = in_flight_lines(run.output, "saved"), printed_digests(run.output, "saved")
+    assert sorted(saved) == sorted(digests) == steps
+    groups, replayed = saved[ASYNC_STEPS]
+    assert replayed >= chosen and groups >= replayed  # the step's replay groups are still in flight at its save
+    on_disk = load_in_flight(ckpt / f"global_step_{ASYNC_STEPS}" / "exgrpo_in_flight.json")
+    assert (len(on_disk), sum(r for _, r in on_disk.values())) == (groups, replayed)
+    assert (ckpt / f"global_step_{ASYNC_STEPS}" / "transfer_queue").is_dir()  # verl's in-flight prompts
+
+    more = run_job(job_root / "user", ckpt, "async_resume", f"trainer.total_training_steps={ASYNC_STEPS + 2}",
+                   *common, env_extra=env)
+    assert_clean_exit(more)
+    assert f"Resuming from {ckpt / f'global_step_{ASYNC_STEPS}'}" in more.output, more.tail()
+    assert printed_digests(more.output, "restored") == {ASYNC_STEPS: digests[ASYNC_STEPS]}
+    assert in_flight_lines(more.output, "restored") == {ASYNC_STEPS: (groups, replayed)}
+    # verl re-issues the groups whose generation had not finished (aborted at the step's end); finished ones come
+    # back as they were
+    reissued = [int(n) for n in re.findall(r"Re-issued (\d+) in-flight prompts", more.output)]
+    assert len(reissued) == 1 and reissued[0] <= groups, more.tail()
+    resumed = train_steps(more, "exgrpo/fresh_acc")
+    assert resumed == [ASYNC_STEPS + 1, ASYNC_STEPS + 2]
+    inserted = sum(more.metrics[s]["exgrpo/inserted"] for s in resumed)
+    assert inserted >= replayed, {s: more.metrics[s] for s in resumed}
+    assert all(more.metrics[s]["exgrpo/replay_groups_without_candidates"] == 0 for s in resumed
+               if "exgrpo/replay_groups_without_candidates" in more.metrics[s])
