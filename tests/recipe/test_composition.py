@@ -124,6 +124,40 @@ def test_deferred_question_ids_round_trip_through_a_json_file_and_a_bad_file_nam
         load_pending_qids(path)
 
 
+def test_questions_in_flight_are_neither_replayed_nor_drawn_fresh_and_their_fresh_rows_wait():
+    loader = Loader(make_rows(6))  # q0 .. q5
+    pool = active_pool(["q0", "q1", "q2"])
+    source = FreshSource(loader, 6)
+    # groups of q0 (replayed) and q3 (fresh) were submitted by an earlier step and are not trained yet. B = 4,
+    # n_replay = 2: fresh first: the loader's q0 is in flight (deferred), q1 and q2 are taken; the pool then has
+    # nothing eligible (q0 in flight, q1 and q2 fresh in this step), so two more fresh: q3 in flight (deferred),
+    # q4, q5.
+    plan = plan_step(4, ExGRPOConfig(n_rollouts=K, rho=0.5), pool, source, in_flight={"q0", "q3"})
+    assert [f.qid for f in plan.fresh] == ["q1", "q2", "q4", "q5"] and plan.replay_qids == []
+    assert plan.replay_wanted == 2 and plan.deferred == 2 and [p.qid for p in source.pending] == ["q0", "q3"]
+    # once their groups are trained, the deferred rows come first, and q0 can be replayed again
+    plan = plan_step(2, ExGRPOConfig(n_rollouts=K, rho=0.0), pool, source)
+    assert [f.qid for f in plan.fresh] == ["q0", "q3"] and not source.pending
+    plan = plan_step(2, ExGRPOConfig(n_rollouts=K, rho=1.0), pool, FreshSource(Loader(make_rows(6)), 6),
+                     in_flight={"q1", "q2"})
+    assert plan.replay_qids == ["q0"] and [f.qid for f in plan.fresh] == ["q3"]
+
+
+def test_in_flight_groups_round_trip_through_a_json_file_and_a_bad_file_names_its_path(tmp_path):
+    from recipe.exgrpo.composition import load_in_flight, save_in_flight
+
+    path = tmp_path / "global_step_3" / "exgrpo_in_flight.json"
+    groups = {"uid-a": ("q1", True), "uid-b": ("q7", False)}
+    save_in_flight(path, groups)
+    assert load_in_flight(path) == groups and [p.name for p in path.parent.iterdir()] == [path.name]
+    save_in_flight(path, {})
+    assert load_in_flight(path) == {}
+    for bad in ("{not json", '{"version": 2, "groups": {}}', '{"version": 1, "groups": {"u": ["q1", "yes"]}}'):
+        path.write_text(bad)
+        with pytest.raises(ValueError, match="exgrpo_in_flight.json"):
+            load_in_flight(path)
+
+
 def test_all_questions_retired_is_a_clear_error_not_an_endless_loop():
     loader = Loader(make_rows(3))
     pool = active_pool([], retired=("q0", "q1", "q2"))
