@@ -237,7 +237,8 @@ def execute(run: RunId, work: Path, model: Path) -> dict[str, Any]:
     folder = work / "runs" / run.name
     folder.mkdir(parents=True, exist_ok=True)
     overrides = [*COMMON, f"actor_rollout_ref.actor.optim.lr={REGIMES[run.regime].lr}", f"data.seed={run.seed}", f"actor_rollout_ref.rollout.seed={run.seed}",
-                 f"exgrpo.seed={run.seed}", *ARMS[run.arm]]
+                 f"exgrpo.seed={run.seed}", f"trainer.validation_data_dir={folder / 'val_generations'}",
+                 *ARMS[run.arm]]
     env = {**os.environ, **ENV, "EXGRPO_DEVICE": "cpu", "MODEL_PATH": str(model), "TRAIN_FILE": str(train_file),
            "VAL_FILE": str(val_file), "CKPT_DIR": str(folder)}
     command = ["bash", "run_scripts/cpu_verl_exgrpo.sh", *overrides]

@@ -1,0 +1,105 @@
+"""Step time and staleness per verl trainer mode, GRPO and ExGRPO side by side: the 7B paper script's CPU twin in
+``sync`` and ``colocate_async``.
+
+Each run is ``EXGRPO_DEVICE=cpu bash run_scripts/qwen2.5_math_7b_exgrpo.sh`` (the paper profile at the twin's size,
+the tiny model and task of cache/verl_cpu) in its own checkpoint folder, with ``trainer.v1.trainer_mode`` and
+``exgrpo.enable`` set per arm; runs alternate through the four arms, round after round, so a slow spell of the
+machine hits every arm. Per arm the table gives medians over every run's steps after the first (which holds
+vLLM's and the engines' first calls): verl's ``timing_s/step`` and ``timing_s/gen`` (waiting for the step's
+groups), and the staleness of the trained rollouts, verl's ``training/off_policy/trajectory_staleness/mean`` (policy
+versions behind the trainer).
+
+Usage::
+
+    python benchmarks/async_modes.py run --repeats 2 --root runs/async_modes [hydra overrides ...]
+    python benchmarks/async_modes.py table runs/async_modes
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from verl_twin_timing import read_metrics  # noqa: E402
+
+ARMS = {
+    "grpo_sync": ["exgrpo.enable=false", "trainer.v1.trainer_mode=sync"],
+    "exgrpo_sync": ["trainer.v1.trainer_mode=sync"],
+    "grpo_colocate_async": ["exgrpo.enable=false", "trainer.v1.trainer_mode=colocate_async"],
+    "exgrpo_colocate_async": ["trainer.v1.trainer_mode=colocate_async"],
+}
+STEPS = 8
+COMMON = [f"trainer.total_training_steps={STEPS}", "trainer.save_freq=100", "trainer.test_freq=100",
+          "trainer.val_before_train=false"]
+KEYS = {"step (s)": "timing_s/step", "gen (s)": "timing_s/gen", "update_actor (s)": "timing_s/update_actor",
+        "staleness (versions)": "training/off_policy/trajectory_staleness/mean",
+        "replay groups trained": "exgrpo/inserted"}
+
+
+def run(root: Path, repeats: int, overrides: Sequence[str]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for round_ in range(repeats):
+        for arm, arm_overrides in ARMS.items():
+            folder = root / f"{arm}_{round_}"
+            if list(folder.glob("metrics_*.jsonl")) and (folder / "done").exists():
+                print(f"[modes] {folder} done already", flush=True)
+                continue
+            env = {**os.environ, "EXGRPO_DEVICE": "cpu", "CKPT_DIR": str(folder),
+                   "VERL_FILE_LOGGER_PATH": str(folder / f"metrics_{round_}.jsonl")}
+            folder.mkdir(parents=True, exist_ok=True)
+            start = time.perf_counter()
+            with (folder / "run.log").open("w") as log:
+                result = subprocess.run(
+                    ["bash", str(REPO / "run_scripts" / "qwen2.5_math_7b_exgrpo.sh"), *COMMON, *arm_overrides,
+                     *overrides], env=env, stdout=log, stderr=subprocess.STDOUT)
+            print(f"[modes] {arm} round {round_}: exit {result.returncode}, {time.perf_counter() - start:.0f} s",
+                  flush=True)
+            if result.returncode:
+                raise SystemExit(f"run failed, see {folder / 'run.log'}")
+            (folder / "done").write_text("")
+
+
+def table(root: Path) -> str:
+    lines = ["| arm | runs | " + " | ".join(f"{k}, median" for k in KEYS) + " |",
+             "|---|---:|" + "---:|" * len(KEYS)]
+    for arm in ARMS:
+        folders = [f for f in sorted(root.glob(f"{arm}_*")) if f.is_dir() and list(f.glob("metrics_*.jsonl"))]
+        values: dict[str, list[float]] = {k: [] for k in KEYS}
+        for folder in folders:
+            for step, metrics in read_metrics(folder).items():
+                if step <= 1 or "timing_s/step" not in metrics:
+                    continue
+                for name, key in KEYS.items():
+                    if key in metrics:
+                        values[name].append(float(metrics[key]))
+        cells = [f"{statistics.median(v):.2f} (n={len(v)})" if v else "" for v in values.values()]
+        lines.append(f"| {arm} | {len(folders)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run")
+    p_run.add_argument("--root", type=Path, default=Path("runs/async_modes"))
+    p_run.add_argument("--repeats", type=int, default=2)
+    p_run.add_argument("overrides", nargs="*")
+    p_table = sub.add_parser("table")
+    p_table.add_argument("root", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        run(args.root, args.repeats, args.overrides)
+    print(table(args.root))
+
+
+if __name__ == "__main__":
+    main()
