@@ -22,6 +22,8 @@ def _fingerprint(function) -> str:
 def _targets():
     from verl.trainer.main_ppo import TaskRunnerV1
     from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla, kl_penalty
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+    from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
     from verl.utils.distributed import initialize_global_process_group_ray
     from verl.utils.torch_functional import masked_mean
@@ -32,10 +34,24 @@ def _targets():
     return {
         # name: (function, fingerprint in verl 0.9.1, what in this repository depends on it)
         "PPOTrainer._step_once": (PPOTrainerSync._step_once, "efdd4abe161c6dee",
-                                  "recipe/exgrpo/trainer.py ExGRPOTrainer._step_once copies it (plus 3 marked calls)"),
+                                  "recipe/exgrpo/trainer.py ExGRPOTrainerMixin._step_once copies it (plus 3 marked calls)"),
         "PPOTrainer._update_actor": (PPOTrainerSync._update_actor, "d7009bd8a69d40b9",
-                                     "ExGRPOTrainer._update_actor: extra_info reaches the worker; global_batch_size "
+                                     "ExGRPOTrainerMixin._update_actor: extra_info reaches the worker; global_batch_size "
                                      "= mini-batch sequences (the paper loss_scale_factor formula)"),
+        # what the ExGRPO mixin relies on in the asynchronous mode (recipe/exgrpo/trainer.py, docs/gpu.md)
+        "PPOTrainer.prepare_step": (PPOTrainerSync.prepare_step, "734278a341846126",
+                                    "ExGRPOTrainerMixin composes the step in _add_batch_to_generate, which it calls"),
+        "ReplayBuffer._materialize_batch": (ReplayBuffer._materialize_batch, "f9fe1d1495090518",
+                                            "live_prompt_uids: a sampled group's prompt key leaves TransferQueue"),
+        "ReplayBuffer._select_prompt_uids": (ReplayBuffer._select_prompt_uids, "d54921984c037a78",
+                                             "docs/gpu.md: a step trains the oldest submitted groups first"),
+        "PPOTrainer._submit_batch_to_rollout": (PPOTrainerSync._submit_batch_to_rollout, "333cd26957785b7f",
+                                                "async checkpoints keep the prompts' fields, __rollout_n__ included "
+                                                "(a re-issued replay group gets K - 1 rollouts)"),
+        "PPOTrainer._reissue_inflight_prompts": (PPOTrainerSync._reissue_inflight_prompts, "64f2191e335dec93",
+                                                 "load_in_flight: re-issued groups keep their uids"),
+        "PPOTrainerColocateAsync": (PPOTrainerColocateAsync, "678d665bb28cbed4",
+                                    "ExGRPOColocateAsyncTrainer: its hooks run around the mixin's _step_once"),
         "TaskRunnerV1.run": (TaskRunnerV1.__ray_actor_class__.run, "26be986901db888b",
                              "recipe/exgrpo/main_exgrpo.py ExGRPOTaskRunner.run copies it"),
         # recipe/exgrpo/loss.py exgrpo_actor_loss, piece by piece:
