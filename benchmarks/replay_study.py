@@ -122,7 +122,8 @@ class RunId:
 
 def plan(seeds: Sequence[int] = SEEDS, with_ablations: Sequence[str] = ()) -> list[RunId]:
     """Run order: seed by seed, each regime's arms side by side, so a sitting cut short leaves whole pairs; then the
-    late arms (the weak regime at the paper's delayed start); the ablation arms (asked for by name, in the regime given as ``regime/arm``) after everything else."""
+    late arms (the weak regime at the paper's delayed start); the ablation arms (asked for by name, in the regime
+    given as ``regime/arm``) after everything else."""
     def own(regime: Regime) -> Sequence[int]:
         return seeds if regime.seeds is None else [s for s in regime.seeds if s in seeds]
 
@@ -212,7 +213,8 @@ def summarise(run: RunId, metrics: dict[int, dict[str, float]], command: list[st
     steps = {}
     for step, values in sorted(metrics.items()):
         kept = {k: v for k, v in values.items()
-                if k.startswith(KEEP_PREFIXES) and not any(d in k for d in DROP_SUBSTRINGS) and isinstance(v, int | float)}
+                if k.startswith(KEEP_PREFIXES) and not any(d in k for d in DROP_SUBSTRINGS)
+                and isinstance(v, int | float)}
         if kept:
             steps[str(step)] = {k: round(float(v), 6) for k, v in sorted(kept.items())}
     val = {}
@@ -236,7 +238,8 @@ def execute(run: RunId, work: Path, model: Path) -> dict[str, Any]:
     train_file, val_file = task_files(run.regime, work)
     folder = work / "runs" / run.name
     folder.mkdir(parents=True, exist_ok=True)
-    overrides = [*COMMON, f"actor_rollout_ref.actor.optim.lr={REGIMES[run.regime].lr}", f"data.seed={run.seed}", f"actor_rollout_ref.rollout.seed={run.seed}",
+    overrides = [*COMMON, f"actor_rollout_ref.actor.optim.lr={REGIMES[run.regime].lr}", f"data.seed={run.seed}",
+                 f"actor_rollout_ref.rollout.seed={run.seed}",
                  f"exgrpo.seed={run.seed}", f"trainer.validation_data_dir={folder / 'val_generations'}",
                  *ARMS[run.arm]]
     env = {**os.environ, **ENV, "EXGRPO_DEVICE": "cpu", "MODEL_PATH": str(model), "TRAIN_FILE": str(train_file),
@@ -388,7 +391,8 @@ def report(plots: Path | None) -> str:
                 latch.append(str(min(on)) if on else "never")
             replay = [statistics.fmean(step_series(r, "exgrpo/replay_questions") or [0]) / 8 for r in rs]
             lines.append(
-                f"| {arm} | {avg([r['val']['0']['id'] for r in rs])} | {avg([r['val'].get(mid, {}).get('id') for r in rs])} "
+                f"| {arm} | {avg([r['val']['0']['id'] for r in rs])} "
+                f"| {avg([r['val'].get(mid, {}).get('id') for r in rs])} "
                 f"| {avg([r['val'].get(end, {}).get('id') for r in rs])} | {avg([r['val']['0']['ood'] for r in rs])} "
                 f"| {avg([r['val'].get(end, {}).get('ood') for r in rs])} "
                 f"| {avg([statistics.fmean(fresh_accuracy(r)[-5:]) for r in rs])} "
@@ -401,7 +405,8 @@ def report(plots: Path | None) -> str:
         lines.append("Paired differences against GRPO, same seeds (points of accuracy, mean ± 95 % t interval; n = "
                      "seeds with both arms):")
         lines.append("")
-        lines.append("| arm − GRPO | n | ID mid | ID end | OOD mid | OOD end | fresh questions to the target: arm / GRPO |")
+        lines.append("| arm − GRPO | n | ID mid | ID end | OOD mid | OOD end "
+                     "| fresh questions to the target: arm / GRPO |")
         lines.append("|---|---:|---:|---:|---:|---:|---:|")
         grpo_seeds = set(seeds.get("grpo", []))
         start = [results[(regime, "grpo", s)]["val"]["0"]["id"] for s in grpo_seeds]

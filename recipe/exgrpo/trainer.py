@@ -659,7 +659,8 @@ class ExGRPOTrainerMixin:
                 os.replace = lambda src, dst: hold_if_asked("pool_rename", self.global_steps)
             self.pool.save(os.path.join(folder, POOL_FILE_NAME))
             in_flight = ""
-            if self.trainer_mode != "sync":  # verl's TransferQueue state keeps these groups' prompts; this, what they are
+            if self.trainer_mode != "sync":  # verl's TransferQueue state keeps these groups' prompts; this, what
+                # they are
                 live = self.live_prompt_uids()
                 groups = {uid: (info.qid, info.is_replay) for uid, info in self._groups.items() if uid in live}
                 save_in_flight(os.path.join(folder, IN_FLIGHT_FILE_NAME), groups)

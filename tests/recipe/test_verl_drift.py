@@ -34,9 +34,11 @@ def _targets():
     return {
         # name: (function, fingerprint in verl 0.9.1, what in this repository depends on it)
         "PPOTrainer._step_once": (PPOTrainerSync._step_once, "efdd4abe161c6dee",
-                                  "recipe/exgrpo/trainer.py ExGRPOTrainerMixin._step_once copies it (plus 3 marked calls)"),
+                                  "recipe/exgrpo/trainer.py ExGRPOTrainerMixin._step_once copies it (plus 3 marked "
+                                  "calls)"),
         "PPOTrainer._update_actor": (PPOTrainerSync._update_actor, "d7009bd8a69d40b9",
-                                     "ExGRPOTrainerMixin._update_actor: extra_info reaches the worker; global_batch_size "
+                                     "ExGRPOTrainerMixin._update_actor: extra_info reaches the worker; "
+                                     "global_batch_size "
                                      "= mini-batch sequences (the paper loss_scale_factor formula)"),
         # what the ExGRPO mixin relies on in the asynchronous mode (recipe/exgrpo/trainer.py, docs/gpu.md)
         "PPOTrainer.prepare_step": (PPOTrainerSync.prepare_step, "734278a341846126",
