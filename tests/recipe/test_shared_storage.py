@@ -213,6 +213,7 @@ def test_a_new_launch_saving_a_step_an_earlier_launch_rotated_away_keeps_that_st
         trainer = ExGRPOTrainer.__new__(ExGRPOTrainer)  # the save path only: no workers, no dataset
         trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path),
                                                        "max_actor_ckpt_to_keep": 2}})
+        trainer.trainer_mode = "sync"  # what verl's __init__ reads from trainer.v1.trainer_mode
         trainer.exgrpo_enabled = True
         trainer.pool = ExperiencePool(config, seed=0)
         stored = trainer.pool.update("q-1", [1.0, 0.0, 0.0, 0.0], [[5, 6], [7], [8], [9]], [[-0.5, -0.25], [-1.0],
