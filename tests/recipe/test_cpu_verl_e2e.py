@@ -132,9 +132,27 @@ def train_steps(run: Run, key: str = "actor/pg_loss") -> list[int]:
 TQ_ERROR = "Error updating production status"
 
 
+# vLLM's log line when its engine-core process has gone before the engine's client: at a job's end, Ray stops the
+# job's processes in no fixed order, and the client then logs EngineDeadError with a traceback (seen once in a CI
+# run's two-rank launch, 2026-12-03, after the run's final validation summary; the run had exited 0).
+VLLM_SHUTDOWN = "[shutdown] MPClient: engine core exited unexpectedly"
+
+
+def tracebacks(output: str) -> list[str]:
+    """The output's traceback lines, less those the vLLM server that logged ``VLLM_SHUTDOWN`` logs after it."""
+    out, ended = [], set()
+    for line in output.splitlines():
+        server = re.search(r"\(vLLMHttpServer pid=(\d+)\)", line)
+        if server and VLLM_SHUTDOWN in line:
+            ended.add(server.group(1))
+        if "Traceback" in line and not (server and server.group(1) in ended):
+            out.append(line)
+    return out
+
+
 def assert_clean_exit(run: Run) -> None:
     assert run.returncode == 0, run.tail()
-    assert "Traceback" not in run.output, run.tail()
+    assert not tracebacks(run.output), run.tail()
     assert TQ_ERROR not in run.output, [line for line in run.output.splitlines() if TQ_ERROR in line][:3]
 
 
@@ -422,9 +440,9 @@ def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_its_groups
     assert printed_digests(more.output, "restored") == {ASYNC_STEPS: digests[ASYNC_STEPS]}
     assert in_flight_lines(more.output, "restored") == {ASYNC_STEPS: (groups, replayed)}
     # verl re-issues the groups whose generation had not finished (aborted at the step's end); finished ones come
-    # back as they were
+    # back as they were (so none is re-issued when every group had finished generating by the save)
     reissued = [int(n) for n in re.findall(r"Re-issued (\d+) in-flight prompts", more.output)]
-    assert len(reissued) == 1 and reissued[0] <= groups, more.tail()
+    assert len(reissued) <= 1 and sum(reissued) <= groups, more.tail()
     resumed = train_steps(more, "exgrpo/fresh_acc")
     assert resumed == [ASYNC_STEPS + 1, ASYNC_STEPS + 2]
     inserted = sum(more.metrics[s]["exgrpo/inserted"] for s in resumed)
