@@ -4,10 +4,12 @@
 Each run is ``EXGRPO_DEVICE=cpu bash run_scripts/qwen2.5_math_7b_exgrpo.sh`` (the paper profile at the twin's size,
 the tiny model and task of cache/verl_cpu) in its own checkpoint folder, with ``trainer.v1.trainer_mode`` and
 ``exgrpo.enable`` set per arm; runs alternate through the four arms, round after round, so a slow spell of the
-machine hits every arm. Per arm the table gives medians over every run's steps after the first (which holds
-vLLM's and the engines' first calls): verl's ``timing_s/step`` and ``timing_s/gen`` (waiting for the step's
-groups), and the staleness of the trained rollouts, verl's ``training/off_policy/trajectory_staleness/mean`` (policy
-versions behind the trainer).
+machine hits every arm. Per arm the table gives the mean and the median over every run's steps after the first
+(which holds vLLM's and the engines' first calls): verl's ``timing_s/step`` and ``timing_s/gen`` (waiting for the
+step's groups), and the staleness of the trained rollouts, verl's ``training/off_policy/trajectory_staleness/mean``
+(policy versions behind the trainer). The mean step time is the one to compare (a run's training time over its
+steps): in ``colocate_async`` the steps alternate between one that waits for generation and one that finds its
+groups finished, and a median of such a series lands on either mode.
 
 Usage::
 
@@ -69,7 +71,7 @@ def run(root: Path, repeats: int, overrides: Sequence[str]) -> None:
 
 
 def table(root: Path) -> str:
-    lines = ["| arm | runs | " + " | ".join(f"{k}, median" for k in KEYS) + " |",
+    lines = ["| arm | runs | " + " | ".join(f"{k}, mean / median" for k in KEYS) + " |",
              "|---|---:|" + "---:|" * len(KEYS)]
     for arm in ARMS:
         folders = [f for f in sorted(root.glob(f"{arm}_*")) if f.is_dir() and list(f.glob("metrics_*.jsonl"))]
@@ -81,7 +83,8 @@ def table(root: Path) -> str:
                 for name, key in KEYS.items():
                     if key in metrics:
                         values[name].append(float(metrics[key]))
-        cells = [f"{statistics.median(v):.2f} (n={len(v)})" if v else "" for v in values.values()]
+        cells = [f"{statistics.fmean(v):.2f} / {statistics.median(v):.2f} (n={len(v)})" if v else ""
+                 for v in values.values()]
         lines.append(f"| {arm} | {len(folders)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
