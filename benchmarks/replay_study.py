@@ -3,7 +3,10 @@
 Every run is ``bash run_scripts/cpu_verl_exgrpo.sh`` (verl 0.9.1's whole loop on this CPU: vLLM rollout, FSDP2
 update in bf16, the recipe's defaults) with SmolLM2 and the synthetic arithmetic task written in words; the arms
 differ only in their ``exgrpo.*`` switches (GRPO is the same script with ``exgrpo.enable=false``), and a seed sets
-the question order, the rollout sampler and the pool's RNG alike in both arms, so the arms of one seed are paired.
+the question order, the rollout sampler's seed and the pool's RNG alike in both arms, so the arms of one seed are
+paired by their data. Not by their samples: vLLM's CPU build in bf16 does not repeat itself run to run (the same
+seed's two arms differ already in step 0's greedy validation, 0.157 against 0.165, and in step 1's fresh accuracy,
+before anything but the arm's name differs), so a pair's difference carries sampling noise too.
 
 Regimes (``REGIMES``): ``headroom`` trains on one-digit questions and two-digit-with-one-digit ones (levels 1 and 2:
 SmolLM2 starts low at temperature 1 and learns), out-of-distribution = two digits with two (level 3); ``weak``
