@@ -88,6 +88,9 @@ ARMS: dict[str, list[str]] = {
     "exgrpo_no_shaping": ["exgrpo.shaping=false"],
     "exgrpo_start0_select_random": ["exgrpo.start_acc=0.0", "exgrpo.select=random"],
     "exgrpo_start0_no_shaping": ["exgrpo.start_acc=0.0", "exgrpo.shaping=false"],
+    # A/A: the ExGRPO trainer with a start it cannot reach (a fresh accuracy above 1), so it never collects or
+    # replays; against GRPO it measures the run-to-run noise of a whole run through ExGRPO's code path
+    "exgrpo_never": ["exgrpo.start_acc=1.0"],
 }
 REGIMES: dict[str, Regime] = {
     # the first pair run (2026-12-03): at lr 5e-6 the fresh accuracy crossed the delayed start only at step 16 of 20,
@@ -99,10 +102,11 @@ REGIMES: dict[str, Regime] = {
     "weak": Regime((3,), (2,), ("grpo", "exgrpo_start0"), ("exgrpo",),
                    "level 3 in words (two digits with two digits); OOD level 2"),
 }
-ABLATIONS = ("exgrpo_select_random", "exgrpo_no_shaping", "exgrpo_start0_select_random", "exgrpo_start0_no_shaping")
+ABLATIONS = ("exgrpo_select_random", "exgrpo_no_shaping", "exgrpo_start0_select_random", "exgrpo_start0_no_shaping",
+             "exgrpo_never")  # arms asked for by name (--ablation regime/arm); the last one is the A/A control
 # per-step metrics kept in a result file (verl's names and the recipe's)
 KEEP_PREFIXES = ("exgrpo/", "actor/", "critic/score/mean", "critic/advantages/", "response_length/mean",
-                 "response_length/clip_ratio", "timing_s/step", "timing_s/gen", "timing_s/update_actor",
+                 "prompt_length/", "response_length/clip_ratio", "timing_s/step", "timing_s/gen", "timing_s/update_actor",
                  "timing_s/testing", "training/rollout_probs_diff")
 # pool statistics that grow with the pool: not needed per step
 DROP_SUBSTRINGS = ("/fresh_sum/", "timing_s/exgrpo")
@@ -362,6 +366,17 @@ def first_reaching(result: dict[str, Any], target: float) -> int | None:
     return None
 
 
+def last_validation_before_replay(result: dict[str, Any]) -> int | None:
+    """The last validated step before the run's latch: up to there an ExGRPO arm trains as GRPO does (the loss is
+    verl's when no row is replayed, tests/recipe/test_engine_cpu.py; the questions are the seed's, in the same
+    order), so its difference from GRPO there is run-to-run noise. The last validation of all for a run that never
+    latched; None when the run latched before its first validation."""
+    on = [int(s) for s, v in result["steps"].items() if v.get("exgrpo/latch", 0) > 0]
+    first = min(on) if on else STEPS + 1
+    before = [int(s) for s in result["val"] if int(s) < first]
+    return max(before) if before else None
+
+
 def report(plots: Path | None) -> str:
     results = load_results()
     lines = []
@@ -440,6 +455,29 @@ def report(plots: Path | None) -> str:
         lines.append(f"Target: {target:.3f}, halfway from GRPO's mean held-out accuracy at step 0 to its mean at step "
                      f"{end}; '—': not reached by step {end}.")
         lines.append("")
+        lines.append("Before replay (A/A): the same seed's arms at the ExGRPO arm's last validation before its latch, "
+                     "where both have trained as GRPO on the same questions; their difference is the noise of "
+                     "vLLM's sampling (points, mean ± 95 % t interval):")
+        lines.append("")
+        lines.append("| arm − GRPO | n | step per seed | ID | OOD |")
+        lines.append("|---|---:|---:|---:|---:|")
+        for arm in arms:
+            if arm == "grpo":
+                continue
+            paired = sorted(grpo_seeds & set(seeds[arm]))
+            when = {s: last_validation_before_replay(results[(regime, arm, s)]) for s in paired}
+            paired = [s for s in paired if when[s] is not None]
+            if not paired:
+                continue
+            cells = []
+            for kind in ("id", "ood"):
+                d = [results[(regime, arm, s)]["val"][str(when[s])][kind]
+                     - results[(regime, "grpo", s)]["val"][str(when[s])][kind]
+                     for s in paired if str(when[s]) in results[(regime, "grpo", s)]["val"]]
+                cells.append(fmt(*mean_interval(d)) if d else "n/a")
+            lines.append(f"| {arm} | {len(paired)} | {', '.join(str(when[s]) for s in paired)} | {cells[0]} "
+                         f"| {cells[1]} |")
+        lines.append("")
         if plots is not None:
             plot(regime, arms, seeds, results, plots / f"replay_study_{regime}.png")
             lines += [f"![{regime}](replay_study_{regime}.png)", ""]
@@ -487,8 +525,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         p = sub.add_parser(name)
         p.add_argument("--only", nargs="*", default=[], help="regime, regime/arm or regime/arm/seed")
         p.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS))
-        p.add_argument("--ablation", nargs="*", default=[], help="regime/arm of an ablation arm to add, e.g. "
-                       f"weak/exgrpo_start0_select_random (arms: {', '.join(ABLATIONS)})")
+        p.add_argument("--ablation", nargs="*", default=[], help="regime/arm of an ablation arm (or the A/A control "
+                       f"exgrpo_never) to add, e.g. weak/exgrpo_start0_select_random (arms: {', '.join(ABLATIONS)})")
         if name == "run":
             p.add_argument("--work", type=Path, default=REPO / "runs" / "replay_study")
             p.add_argument("--max-runs", type=int, default=None)

@@ -49,14 +49,15 @@ def test_task_files_train_on_the_regime_levels_and_hold_out_unseen_questions_by_
         assert all("Answer with the number only." in row[0]["content"] for row in train["prompt"])
 
 
-def result(regime: str, arm: str, seed: int, ids: dict[int, float], fresh: list[int] | None = None) -> dict:
+def result(regime: str, arm: str, seed: int, ids: dict[int, float], fresh: list[int] | None = None,
+           latch: int = 11) -> dict:
     steps = {}
     for step in range(1, rs.STEPS + 1):
         values = {"timing_s/step": 50.0, "critic/score/mean": 0.2, "exgrpo/groups_zero_variance": 0.25,
                   "exgrpo/groups_all_wrong": 0.25, "actor/entropy": 1.5, "actor/grad_norm": 0.5}
         if arm != "grpo":
-            values.update({"exgrpo/fresh_acc": 0.2, "exgrpo/latch": float(step >= 11),
-                           "exgrpo/replay_questions": 4.0 if step >= 11 else 0.0,
+            values.update({"exgrpo/fresh_acc": 0.2, "exgrpo/latch": float(step >= latch),
+                           "exgrpo/replay_questions": 4.0 if step >= latch else 0.0,
                            "exgrpo/fresh_questions": float(fresh[step - 1]) if fresh else 8.0})
         steps[str(step)] = values
     return {"regime": regime, "arm": arm, "seed": seed, "about": "", "held_out_questions": {"id": 100, "ood": 50},
@@ -89,3 +90,30 @@ def test_report_gives_paired_differences_with_t_intervals_and_fresh_questions_to
     table_row = next(line for line in text.splitlines() if line.startswith("| exgrpo | 0.133 |"))
     assert table_row.split("|")[-2].strip() == "11, 11, 11"  # the latch step of each seed
     assert rs.fresh_questions(json.loads((tmp_path / "headroom__exgrpo__seed0.json").read_text()))[end] == 120
+
+
+def test_the_a_a_table_compares_the_arms_at_the_last_validation_before_each_seeds_latch(tmp_path, monkeypatch):
+    monkeypatch.setattr(rs, "RESULTS", tmp_path)
+    val_steps = (0, 5, 10, 15, 20)
+    grpo = {0: [0.1, 0.2, 0.3, 0.4, 0.5], 1: [0.1, 0.3, 0.3, 0.6, 0.7]}
+    exgrpo = {0: [0.1, 0.1, 0.2, 0.9, 0.9], 1: [0.1, 0.3, 0.4, 0.4, 0.9]}
+    latch = {0: 11, 1: 16}  # seed 0: last validation before replay at step 10; seed 1 at step 15
+    for seed in (0, 1):
+        for arm, curves, kw in (("grpo", grpo, {}), ("exgrpo", exgrpo, {"latch": latch[seed]})):
+            r = result("headroom", arm, seed, dict(zip(val_steps, curves[seed], strict=True)), **kw)
+            (tmp_path / f"headroom__{arm}__seed{seed}.json").write_text(json.dumps(r))
+    loaded = rs.load_results()
+    assert rs.last_validation_before_replay(loaded[("headroom", "exgrpo", 0)]) == 10
+    assert rs.last_validation_before_replay(loaded[("headroom", "exgrpo", 1)]) == 15
+    assert rs.last_validation_before_replay(loaded[("headroom", "grpo", 0)]) == 20  # never latched: the last one
+    loaded[("headroom", "exgrpo", 0)]["steps"]["1"]["exgrpo/latch"] = 1.0
+    assert rs.last_validation_before_replay(loaded[("headroom", "exgrpo", 0)]) == 0
+    text = rs.report(plots=None)
+    section = text.split("Before replay (A/A)")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| exgrpo | 2 |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    # ID at step 10 (seed 0): 0.2 - 0.3 = -0.1; at step 15 (seed 1): 0.4 - 0.6 = -0.2 -> mean -0.15, sd 0.0707,
+    # half-width 12.706 * 0.0707 / sqrt(2) = 0.635; OOD is half of each
+    assert cells[2] == "10, 15"
+    assert cells[3] == "-15.0 ± 63.5" and cells[4] == "-7.5 ± 31.8"
+    assert "exgrpo_never" in rs.ARMS and rs.ARMS["exgrpo_never"] == ["exgrpo.start_acc=1.0"]
