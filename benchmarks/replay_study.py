@@ -377,6 +377,14 @@ def last_validation_before_replay(result: dict[str, Any]) -> int | None:
     return max(before) if before else None
 
 
+def paired_gap(results: dict, run: tuple[str, str, int], step: str, kind: str) -> float | None:
+    """The held-out accuracy of ``run`` less that of GRPO on the same seed at ``step`` (None if either lacks it)."""
+    regime, _, seed = run
+    a = results[run]["val"].get(step, {}).get(kind)
+    b = results[(regime, "grpo", seed)]["val"].get(step, {}).get(kind)
+    return None if a is None or b is None else a - b
+
+
 def report(plots: Path | None) -> str:
     results = load_results()
     lines = []
@@ -440,9 +448,8 @@ def report(plots: Path | None) -> str:
             cells = []
             for when in (mid, end):
                 for kind in ("id", "ood"):
-                    diffs = [results[(regime, arm, s)]["val"].get(when, {}).get(kind) for s in paired]
-                    base = [results[(regime, "grpo", s)]["val"].get(when, {}).get(kind) for s in paired]
-                    d = [a - b for a, b in zip(diffs, base, strict=True) if a is not None and b is not None]
+                    gaps = (paired_gap(results, (regime, arm, s), when, kind) for s in paired)
+                    d = [g for g in gaps if g is not None]
                     cells.append(fmt(*mean_interval(d)) if d else "n/a")
             reach = []
             for s in paired:
@@ -457,10 +464,11 @@ def report(plots: Path | None) -> str:
         lines.append("")
         lines.append("Before replay (A/A): the same seed's arms at the ExGRPO arm's last validation before its latch, "
                      "where both have trained as GRPO on the same questions; their difference is the noise of "
-                     "vLLM's sampling (points, mean ± 95 % t interval):")
+                     "vLLM's sampling. 'Since': the end's difference less that one, seed by seed: what the arms "
+                     "did differently after the latch (points, mean ± 95 % t interval):")
         lines.append("")
-        lines.append("| arm − GRPO | n | step per seed | ID | OOD |")
-        lines.append("|---|---:|---:|---:|---:|")
+        lines.append("| arm − GRPO | n | step per seed | ID | OOD | ID since | OOD since |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|")
         for arm in arms:
             if arm == "grpo":
                 continue
@@ -469,14 +477,15 @@ def report(plots: Path | None) -> str:
             paired = [s for s in paired if when[s] is not None]
             if not paired:
                 continue
-            cells = []
+            before, since = [], []
             for kind in ("id", "ood"):
-                d = [results[(regime, arm, s)]["val"][str(when[s])][kind]
-                     - results[(regime, "grpo", s)]["val"][str(when[s])][kind]
-                     for s in paired if str(when[s]) in results[(regime, "grpo", s)]["val"]]
-                cells.append(fmt(*mean_interval(d)) if d else "n/a")
-            lines.append(f"| {arm} | {len(paired)} | {', '.join(str(when[s]) for s in paired)} | {cells[0]} "
-                         f"| {cells[1]} |")
+                d = [paired_gap(results, (regime, arm, s), str(when[s]), kind) for s in paired]
+                e = [paired_gap(results, (regime, arm, s), end, kind) for s in paired]
+                before.append([x for x in d if x is not None])
+                since.append([y - x for x, y in zip(d, e, strict=True) if x is not None and y is not None])
+            cells = [fmt(*mean_interval(d)) if d else "n/a" for d in (*before, *since)]
+            lines.append(f"| {arm} | {len(paired)} | {', '.join(str(when[s]) for s in paired)} | "
+                         + " | ".join(cells) + " |")
         lines.append("")
         if plots is not None:
             plot(regime, arms, seeds, results, plots / f"replay_study_{regime}.png")

@@ -116,4 +116,6 @@ def test_the_a_a_table_compares_the_arms_at_the_last_validation_before_each_seed
     # half-width 12.706 * 0.0707 / sqrt(2) = 0.635; OOD is half of each
     assert cells[2] == "10, 15"
     assert cells[3] == "-15.0 ± 63.5" and cells[4] == "-7.5 ± 31.8"
+    # since: the end's gap (0.4, 0.2) less the gap before (-0.1, -0.2): 0.5 and 0.4 -> mean 0.45, sd 0.0707
+    assert cells[5] == "+45.0 ± 63.5" and cells[6] == "+22.5 ± 31.8"
     assert "exgrpo_never" in rs.ARMS and rs.ARMS["exgrpo_never"] == ["exgrpo.start_acc=1.0"]
