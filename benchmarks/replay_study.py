@@ -292,8 +292,12 @@ def run_plan(args: argparse.Namespace) -> None:
     deadline = None
     if args.until:
         hour, minute = (int(x) for x in args.until.split(":"))
-        deadline = dt.datetime.now().replace(hour=hour, minute=minute, second=0, microsecond=0)
-    print(f"[study] {len(runs)} runs to do", flush=True)
+        now = dt.datetime.now()
+        deadline = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+        if deadline <= now:  # the next HH:MM to come: a sitting that runs past midnight
+            deadline += dt.timedelta(days=1)
+    print(f"[study] {len(runs)} runs to do" + (f"; none started after {deadline:%Y-%m-%d %H:%M}" if deadline else ""),
+          flush=True)
     model = model_path()
     for done, run in enumerate(runs):
         if args.max_runs is not None and done >= args.max_runs:
@@ -539,7 +543,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if name == "run":
             p.add_argument("--work", type=Path, default=REPO / "runs" / "replay_study")
             p.add_argument("--max-runs", type=int, default=None)
-            p.add_argument("--until", default=None, help="HH:MM: start no run after this time (today)")
+            p.add_argument("--until", default=None, help="HH:MM: start no run after the next such time")
             p.add_argument("--keep-checkpoints", action="store_true")
     p_report = sub.add_parser("report")
     p_report.add_argument("--plots", type=Path, default=None)
