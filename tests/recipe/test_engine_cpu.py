@@ -9,6 +9,7 @@ with ``exgrpo.enable=false`` the worker keeps verl's ``ppo_loss``.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -121,6 +122,31 @@ def test_without_replay_rows_the_loss_is_verls_ppo_loss_and_replay_rows_change_i
     exgrpo = engine_gradients(actor_worker, mixed, actor_worker.loss_fn)
     vanilla = engine_gradients(actor_worker, mixed, stock)
     assert max(float((exgrpo[n] - vanilla[n]).abs().max()) for n in exgrpo) > 1e-4
+
+
+def test_in_the_recipe_profiles_loss_a_fresh_only_batch_trains_as_verls_ppo_loss(cpu_engine_env, tiny_model_dir):
+    """Before its latch an ExGRPO run must train exactly as GRPO (the replay study reads its A/A gap there): the
+    GPU scripts' aggregation (seq-mean-token-sum-norm, whose horizon is each micro-batch's padded width) with the
+    entropy bonus on, rows of four lengths in two micro-batches, remove-padding on: the same gradients as verl's
+    stock ppo_loss, which the baseline (exgrpo.enable=false) trains with."""
+    from verl.workers.utils.losses import ppo_loss
+
+    worker = build_actor_worker(engine_config(tiny_model_dir, [
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+        "actor_rollout_ref.actor.entropy_coeff=0.001",
+        "actor_rollout_ref.model.use_remove_padding=true",
+    ]))
+    config = worker.loss_fn.keywords["config"]
+    assert config.loss_agg_mode == "seq-mean-token-sum-norm" and config.entropy_coeff == 0.001
+    stock = partial(ppo_loss, config=config)
+    fresh_only = training_batch([0, 0, 0, 0])
+    settings = dict(calculate_entropy=True, use_remove_padding=True)
+    ours = engine_gradients(worker, fresh_only, worker.loss_fn, **settings)
+    assert_grads_close(ours, engine_gradients(worker, fresh_only, stock, **settings), rtol=1e-6, atol=1e-8)
+    # the entropy bonus is in both: without it the gradients move
+    without = engine_gradients(worker, fresh_only, partial(ppo_loss, config=replace(config, entropy_coeff=0.0)),
+                               **settings)
+    assert max(float((ours[n] - without[n]).abs().max()) for n in ours) > 1e-7
 
 
 def test_candidate_entropy_scoring_equals_direct_forward_whatever_the_batch(actor_worker, tiny_model_dir):
