@@ -106,8 +106,8 @@ ABLATIONS = ("exgrpo_select_random", "exgrpo_no_shaping", "exgrpo_start0_select_
              "exgrpo_never")  # arms asked for by name (--ablation regime/arm); the last one is the A/A control
 # per-step metrics kept in a result file (verl's names and the recipe's)
 KEEP_PREFIXES = ("exgrpo/", "actor/", "critic/score/mean", "critic/advantages/", "response_length/mean",
-                 "prompt_length/", "response_length/clip_ratio", "timing_s/step", "timing_s/gen", "timing_s/update_actor",
-                 "timing_s/testing", "training/rollout_probs_diff")
+                 "prompt_length/", "response_length/clip_ratio", "timing_s/step", "timing_s/gen",
+                 "timing_s/update_actor", "timing_s/testing", "training/rollout_probs_diff")
 # pool statistics that grow with the pool: not needed per step
 DROP_SUBSTRINGS = ("/fresh_sum/", "timing_s/exgrpo")
 
