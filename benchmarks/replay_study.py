@@ -370,13 +370,19 @@ def first_reaching(result: dict[str, Any], target: float) -> int | None:
     return None
 
 
+def latch_step(result: dict[str, Any]) -> int | None:
+    """The first step with collection and replay on (None: never)."""
+    on = [int(s) for s, v in result["steps"].items() if v.get("exgrpo/latch", 0) > 0]
+    return min(on) if on else None
+
+
 def last_validation_before_replay(result: dict[str, Any]) -> int | None:
     """The last validated step before the run's latch: up to there an ExGRPO arm trains as GRPO does (the loss is
     verl's when no row is replayed, tests/recipe/test_engine_cpu.py; the questions are the seed's, in the same
     order), so its difference from GRPO there is run-to-run noise. The last validation of all for a run that never
     latched; None when the run latched before its first validation."""
-    on = [int(s) for s, v in result["steps"].items() if v.get("exgrpo/latch", 0) > 0]
-    first = min(on) if on else STEPS + 1
+    latched = latch_step(result)
+    first = STEPS + 1 if latched is None else latched
     before = [int(s) for s in result["val"] if int(s) < first]
     return max(before) if before else None
 
@@ -415,10 +421,7 @@ def report(plots: Path | None) -> str:
                 values = [v for v in values if v is not None and not math.isnan(v)]
                 return f"{statistics.fmean(values):.3f}" if values else "n/a"
 
-            latch = []
-            for r in rs:
-                on = [int(s) for s, v in r["steps"].items() if v.get("exgrpo/latch", 0) > 0]
-                latch.append(str(min(on)) if on else "never")
+            latch = [str(step) if (step := latch_step(r)) is not None else "never" for r in rs]
             replay = [statistics.fmean(step_series(r, "exgrpo/replay_questions") or [0]) / 8 for r in rs]
             lines.append(
                 f"| {arm} | {avg([r['val']['0']['id'] for r in rs])} "
