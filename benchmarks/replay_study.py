@@ -1,12 +1,14 @@
 """Does replay pay on a real model? GRPO against ExGRPO on SmolLM2-135M-Instruct, through the recipe, paired seeds.
 
 Every run is ``bash run_scripts/cpu_verl_exgrpo.sh`` (verl 0.9.1's whole loop on this CPU: vLLM rollout, FSDP2
-update in bf16, the recipe's defaults) with SmolLM2 and the synthetic arithmetic task written in words; the arms
-differ only in their ``exgrpo.*`` switches (GRPO is the same script with ``exgrpo.enable=false``), and a seed sets
-the question order, the rollout sampler's seed and the pool's RNG alike in both arms, so the arms of one seed are
-paired by their data. Not by their samples: vLLM's CPU build in bf16 does not repeat itself run to run (the same
-seed's two arms differ already in step 0's greedy validation, 0.157 against 0.165, and in step 1's fresh accuracy,
-before anything but the arm's name differs), so a pair's difference carries sampling noise too.
+update, the recipe's defaults, in the precision this CPU's units make fastest: bf16 on AMX / AVX512-BF16, else
+float32, exgrpo/precision.py; each result file records it and the CPU) with SmolLM2 and the synthetic arithmetic
+task written in words; the arms differ only in their ``exgrpo.*`` switches (GRPO is the same script with
+``exgrpo.enable=false``), and a seed sets the question order, the rollout sampler's seed and the pool's RNG alike in
+both arms, so the arms of one seed are paired by their data. Not by their samples: vLLM's CPU build in bf16 does not
+repeat itself run to run (the same seed's two arms differ already in step 0's greedy validation, 0.157 against
+0.165, and in step 1's fresh accuracy, before anything but the arm's name differs), so a pair's difference carries
+sampling noise too.
 
 Regimes (``REGIMES``): ``headroom`` trains on one-digit questions and two-digit-with-one-digit ones (levels 1 and 2:
 SmolLM2 starts low at temperature 1 and learns), out-of-distribution = two digits with two (level 3); ``weak``
@@ -230,10 +232,16 @@ def summarise(run: RunId, metrics: dict[int, dict[str, float]], command: list[st
         if ind is not None or ood is not None:
             val[str(step)] = {"id": ind, "ood": ood}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    sys.path.insert(0, str(REPO))
+    from exgrpo.embedded.runner import cpu_description
+    from exgrpo.precision import cpu_precision
+
+    precision = cpu_precision()  # the launcher's rule, in this environment: what the run computed in
     return {
         "regime": run.regime, "arm": run.arm, "seed": run.seed, "about": REGIMES[run.regime].about,
         "overrides": ARMS[run.arm], "command": command, "commit": commit.stdout.strip(), "wall_s": round(wall_s, 1),
         "finished": dt.datetime.now().isoformat(timespec="seconds"), "held_out_questions": n_val,
+        "precision": {"dtype": precision.precision, "chosen_by": precision.reason}, "cpu": cpu_description()["cpu"],
         "val": val, "steps": steps,
     }
 

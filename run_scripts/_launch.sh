@@ -29,7 +29,8 @@
 #       to paper, and a value you set wins)
 #   CHAT_TEMPLATE (model: the model folder's own; or a Jinja file, e.g. run_scripts/chat_templates/qwen_think.jinja)
 #   CPU_PRESET (unset; learn = on the CPU, the runner's settings for a run both engines share, below)
-#   EXGRPO_CPU_PRECISION (bf16, as on GPU; fp32 = on the CPU, float32 throughout: exact weight sync, below)
+#   EXGRPO_CPU_PRECISION (on the CPU: bf16 as on GPU where the CPU has AMX / AVX512-BF16 units, else fp32; bf16 or
+#       fp32 forces either: float32 throughout gives an exact weight sync, below)
 #   DRY_RUN (unset; 1 = print the overrides one per line and exit without starting anything)
 # Relative paths are taken from the directory you run the script in and passed on as absolute paths (Ray workers,
 # the driver and a pre-started cluster's raylets each have their own working directory).
@@ -134,9 +135,9 @@ EXGRPO_CPU_PROFILE=(
   "actor_rollout_ref.rollout.val_kwargs.temperature=0"
 )
 
-# EXGRPO_CPU_PRECISION=fp32 (CPU only): the whole twin in float32, trainer and vLLM, for what needs the rollout's
-# log-probs to equal the trainer's (weight sync checked to ~1e-5); in bf16 the two engines' roundings put them
-# 0.002-0.008 apart on average (docs/cpu.md, note 9).
+# Float32 throughout (CPU only: a CPU without bf16 units, or EXGRPO_CPU_PRECISION=fp32): trainer and vLLM. Also for
+# what needs the rollout's log-probs to equal the trainer's (weight sync checked to ~1e-5); in bf16 the two engines'
+# roundings put them 0.002-0.008 apart on average (docs/cpu.md, note 9).
 EXGRPO_CPU_FP32=(
   "actor_rollout_ref.actor.fsdp_config.dtype=float32"
   "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32"
@@ -238,7 +239,7 @@ exgrpo_cpu_assets() {
 exgrpo_launch() {
   local name="$1"
   shift
-  local device="${EXGRPO_DEVICE:-gpu}" profile="${EXGRPO_PROFILE:-recipe}"
+  local device="${EXGRPO_DEVICE:-gpu}" profile="${EXGRPO_PROFILE:-recipe}" precision="" precision_reason=""
   case "$device" in gpu | cpu) ;; *) exgrpo_fail "EXGRPO_DEVICE=$device: use gpu or cpu" ;; esac
   case "$profile" in recipe | paper) ;; *) exgrpo_fail "EXGRPO_PROFILE=$profile: use recipe or paper" ;; esac
   local template="${CHAT_TEMPLATE:-model}"
@@ -384,11 +385,17 @@ exgrpo_launch() {
       layers+=(--layer "a running Ray cluster (RAY_ADDRESS)" "ray_kwargs.ray_init.num_cpus=null"
         "+ray_kwargs.ray_init.num_gpus=null")
     fi
-    case "${EXGRPO_CPU_PRECISION:-bf16}" in
-      bf16) ;;
-      fp32) layers+=(--layer "float32 throughout (EXGRPO_CPU_PRECISION=fp32)" "${EXGRPO_CPU_FP32[@]}") ;;
-      *) exgrpo_fail "EXGRPO_CPU_PRECISION=$EXGRPO_CPU_PRECISION: use bf16 (the default) or fp32" ;;
-    esac
+    # bf16 where this CPU has bf16 matrix units (AMX / AVX512-BF16) that oneDNN drives, float32 elsewhere (bf16
+    # without them is emulated, ~30x slower than float32); EXGRPO_CPU_PRECISION=bf16|fp32 forces either. verl prints
+    # the choice and its reason in its config (cpu_precision).
+    local chosen
+    chosen="$(cd "$EXGRPO_REPO" && python3 -m exgrpo.precision)" || exit 2  # it has printed its one line
+    precision="${chosen%%$'\t'*}"
+    precision_reason="${chosen#*$'\t'}"
+    [ "$precision" = bf16 ] ||
+      layers+=(--layer "float32 throughout (EXGRPO_CPU_PRECISION=fp32 or no bf16 units)" "${EXGRPO_CPU_FP32[@]}")
+    layers+=(--layer "the CPU precision (EXGRPO_CPU_PRECISION)" "+cpu_precision.dtype=$precision"
+      "+cpu_precision.chosen_by='$precision_reason'")
     case "${CPU_PRESET:-}" in
       "") ;;
       learn) layers+=(--layer "the learning preset (CPU_PRESET=learn)" "${EXGRPO_CPU_LEARN_PRESET[@]}") ;;
@@ -422,7 +429,8 @@ exgrpo_launch() {
     printf '%s\n' "${overrides[@]}"
     return 0
   fi
-  echo "[exgrpo] $name ($profile profile) on $device: checkpoints in $ckpt_dir" >&2
+  echo "[exgrpo] $name ($profile profile) on $device${precision:+ in $precision ($precision_reason)}: checkpoints in" \
+    "$ckpt_dir" >&2
   [ -z "${VERL_FILE_LOGGER_PATH:-}" ] || echo "[exgrpo] metrics: $VERL_FILE_LOGGER_PATH" >&2
   export PYTHONPATH="$pythonpath"
   exec python3 -m recipe.exgrpo.main_exgrpo "${overrides[@]}"

@@ -20,7 +20,8 @@
 #   GPU_MEM_UTIL (0.85; CPU 0.2: vLLM's share of memory), CHAT_TEMPLATE (the model folder's own; a Jinja file, e.g.
 #   the run's run_scripts/chat_templates/qwen_think.jinja), BACKBONE (the paper rows to show: guessed from the path;
 #   none for no rows), SCORE_WORKERS (8),
-#   EXGRPO_DEVICE (gpu; cpu = vLLM's CPU build, in float32, eager, with VLLM_CPU_KVCACHE_SPACE (2) GiB of KV cache).
+#   EXGRPO_DEVICE (gpu; cpu = vLLM's CPU build, eager, with VLLM_CPU_KVCACHE_SPACE (2) GiB of KV cache, in bf16 where
+#   the CPU has AMX / AVX512-BF16 units and float32 elsewhere: EXGRPO_CPU_PRECISION=bf16|fp32 forces either).
 # Relative paths (CHECKPOINT, OUT_DIR, DATA_FILES, CHAT_TEMPLATE) are taken from the directory you run it in.
 # Never evaluate checkpoints on math_valid.parquet and call it a test result: it is the test questions.
 set -euo pipefail
@@ -75,12 +76,16 @@ if [ -n "${CHAT_TEMPLATE:-}" ] && [ "$CHAT_TEMPLATE" != model ]; then
 fi
 
 if [ "$device" = cpu ]; then
-  # vLLM's CPU build (the same environment as the CPU twins): float32, no compilation, a small memory share and a
+  # vLLM's CPU build (the same environment as the CPU twins): no compilation, a small memory share and a
   # KV cache of VLLM_CPU_KVCACHE_SPACE GiB; vLLM's CPU default asks for 92 % of the memory node.
   # shellcheck disable=SC1091
   EXGRPO_WITH_VLLM=1 source "$repo/run_scripts/_env.sh"
   export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}"
-  args+=(--dtype float32 --enforce_eager --max_tokens "${MAX_TOKENS:-256}" --gpu_memory_utilization "${GPU_MEM_UTIL:-0.2}")
+  # bf16 where this CPU has bf16 matrix units, float32 elsewhere, as the CPU twins (EXGRPO_CPU_PRECISION forces it)
+  chosen="$(cd "$repo" && python -m exgrpo.precision --dtype)" || exit 2  # it has printed its one line
+  echo "[eval] vLLM in ${chosen%%$'\t'*}: ${chosen#*$'\t'}" >&2
+  args+=(--dtype "${chosen%%$'\t'*}" --enforce_eager --max_tokens "${MAX_TOKENS:-256}"
+         --gpu_memory_utilization "${GPU_MEM_UTIL:-0.2}")
 else
   args+=(--max_tokens "${MAX_TOKENS:-8192}" --gpu_memory_utilization "${GPU_MEM_UTIL:-0.85}")
   if ! python -c "import vllm" 2>/dev/null; then

@@ -21,6 +21,7 @@ ALLOWED = {
     "exgrpo.algorithm": set(),
     "exgrpo.verifier": set(),
     "exgrpo.cli": set(),
+    "exgrpo.precision": set(),  # which float precision a CPU run uses: the launchers ask it, nothing imports it yet
     "exgrpo.embedded": {"exgrpo.algorithm", "exgrpo.verifier", "exgrpo.cli"},
     "exgrpo.tools": {"exgrpo.algorithm", "exgrpo.verifier", "exgrpo.cli"},
     "exgrpo.reward": {"exgrpo.verifier"},  # verl's reward path, kept

@@ -28,6 +28,7 @@ from exgrpo.embedded.runner import (
     load_config,
     load_questions,
     local_score,
+    mkl_branch,
     rl_subset,
     train,
 )
@@ -272,11 +273,26 @@ def _pin_probe(**env_vars: str) -> tuple[dict, str]:
 def test_pins_take_effect_after_torch_is_imported_and_a_users_value_wins():
     probe, out = _pin_probe()
     assert probe["added"] == KERNEL_PINS
-    assert probe["environment"]["cpu_capability"] == "AVX2" and probe["environment"]["mkl_cbwr"] == "AVX2,STRICT"
-    assert "CNR:AVX2,STRICT" in out  # MKL's own report of the branch its first SGEMM ran on
+    env = probe["environment"]
+    assert env["cpu_capability"] == "AVX2" and env["mkl_cbwr"] == "AVX2,STRICT"
+    # MKL's own report of the branch its first SGEMM ran on: the pinned one on an Intel CPU; on another vendor's,
+    # MKL's AUTO branch, still strict (what the environment line then says it runs)
+    intel = env["cpu_vendor"] == "GenuineIntel"
+    assert env["mkl_branch"] == ("AVX2,STRICT" if intel else "AUTO,STRICT")
+    assert f"CNR:{env['mkl_branch']} " in out, [line for line in out.splitlines() if "CNR:" in line]
+    assert intel or "MKL_CBWR=AVX2,STRICT (runs AUTO,STRICT: not an Intel CPU)" in format_environment(env)
     probe, out = _pin_probe(ATEN_CPU_CAPABILITY="default", MKL_CBWR="AUTO")
     assert probe["added"] == {} and probe["environment"]["cpu_capability"] == "DEFAULT"
-    assert probe["environment"]["mkl_cbwr"] == "AUTO" and "CNR:AUTO" in out
+    assert probe["environment"]["mkl_cbwr"] == probe["environment"]["mkl_branch"] == "AUTO" and "CNR:AUTO " in out
+
+
+def test_mkl_runs_the_requested_branch_on_intel_and_auto_elsewhere_except_compatible():
+    assert mkl_branch("AVX2,STRICT", "GenuineIntel") == "AVX2,STRICT"
+    assert mkl_branch("AVX2,STRICT", "AuthenticAMD") == "AUTO,STRICT"
+    assert mkl_branch("AVX512", "AuthenticAMD") == "AUTO"
+    assert mkl_branch("COMPATIBLE", "AuthenticAMD") == "COMPATIBLE"
+    assert mkl_branch("AUTO,STRICT", "HygonGenuine") == "AUTO,STRICT"
+    assert mkl_branch("AVX2", None) == "AVX2"  # vendor unknown: what was asked
 
 
 def _lscpu() -> dict[str, str]:
@@ -310,6 +326,7 @@ def test_environment_line_names_this_cpu_its_kernel_flags_and_the_libraries_in_e
             lib.MKL_Get_Version_String(buf, len(buf))
             assert f"Version {env['mkl']}-" in buf.value.decode()
         assert env["mkl_cbwr"] == os.environ.get("MKL_CBWR", "AUTO")
+        assert env["mkl_branch"] == mkl_branch(env["mkl_cbwr"], lscpu["Vendor ID"])
     line = format_environment(env)
     assert line.startswith(f"torch {torch.__version__}, transformers {transformers.__version__}, "
                            f"{torch.get_num_threads()} thread(s), ATen {torch.backends.cpu.get_cpu_capability()} "

@@ -546,6 +546,9 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
 # path (AVX-512 vs AVX2) each change the warm start's bits, and through it every printed number. AVX2 is the level
 # Intel Core CPUs have had since 2013 and AMD's since 2015; MKL_CBWR is MKL's conditional numerical reproducibility
 # (the same bits on every Intel CPU with AVX2 at a fixed thread count; STRICT: whatever the memory alignment).
+# MKL's branches are Intel's: on another vendor's CPU MKL runs its AUTO branch for any branch but COMPATIBLE (its
+# MKL_VERBOSE line says CNR:AUTO,STRICT under MKL_CBWR=AVX2,STRICT on an AMD EPYC), so there the pin keeps STRICT and
+# ATen's AVX2 kernels, and MKL picks its own code path for that CPU (docs/reproducibility.md, "Per CPU").
 KERNEL_PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"}
 # The ISA features that make torch, MKL or oneDNN pick other float kernels (/proc/cpuinfo names), for the summary.
 KERNEL_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
@@ -567,6 +570,15 @@ def pin_kernels(environ: MutableMapping[str, str] = os.environ) -> dict[str, str
     added = {name: value for name, value in pins.items() if name not in environ}
     environ.update(added)
     return added
+
+
+def mkl_branch(requested: str, vendor: str | None) -> str:
+    """The MKL_CBWR branch MKL runs for ``requested`` on a CPU of ``vendor``: the requested one on an Intel CPU;
+    elsewhere AUTO in place of any branch but COMPATIBLE, its modifiers (STRICT) kept."""
+    branch, _, modifiers = requested.upper().partition(",")
+    if vendor in (None, "GenuineIntel") or branch in ("AUTO", "COMPATIBLE"):
+        return requested
+    return "AUTO" + ("," + modifiers if modifiers else "")
 
 
 def cpu_description(cpuinfo: str | None = None) -> dict[str, Any]:
@@ -612,11 +624,13 @@ def environment() -> dict[str, Any]:
     import transformers
 
     mkl = torch.backends.mkl.is_available()
+    cpu = cpu_description()
+    cbwr = os.environ.get("MKL_CBWR", "AUTO") if mkl else None
     return {"torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-            **_library_versions(), "mkl_cbwr": os.environ.get("MKL_CBWR", "AUTO") if mkl else None,
-            "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS") if mkl else None,
-            **cpu_description()}
+            **_library_versions(), "mkl_cbwr": cbwr,
+            "mkl_branch": mkl_branch(cbwr, cpu["cpu_vendor"]) if cbwr else None,
+            "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS") if mkl else None, **cpu}
 
 
 def format_environment(env: dict[str, Any]) -> str:
@@ -626,6 +640,8 @@ def format_environment(env: dict[str, Any]) -> str:
             f"ATen {env['cpu_capability']} kernels")
     if env.get("mkl_cbwr"):
         line += f", MKL {env.get('mkl') or '?'} MKL_CBWR={env['mkl_cbwr']}"
+        if env.get("mkl_branch", env["mkl_cbwr"]) != env["mkl_cbwr"]:
+            line += f" (runs {env['mkl_branch']}: not an Intel CPU)"
         if env.get("mkl_enable_instructions"):
             line += f" MKL_ENABLE_INSTRUCTIONS={env['mkl_enable_instructions']}"
     if "cpu" in env:

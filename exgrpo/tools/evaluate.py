@@ -704,7 +704,8 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--gpu_memory_utilization", type=float, default=defaults.gpu_memory_utilization,
                         help="vLLM's memory share (on its CPU build: of the memory node)")
-    parser.add_argument("--dtype", default=defaults.dtype, help="vLLM dtype (the CPU profile uses float32)")
+    parser.add_argument("--dtype", default=defaults.dtype,
+                        help="vLLM dtype (on a CPU, eval_benchmarks.sh passes what python -m exgrpo.precision chooses)")
     parser.add_argument("--enforce_eager", action="store_true", help="no CUDA graphs / compilation (CPU profile)")
     parser.add_argument("--chat_template", default=None, help="a Jinja file used instead of the model's own template")
     parser.add_argument("--protocol", default="paper", choices=sorted(PROTOCOLS))

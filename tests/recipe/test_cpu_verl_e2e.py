@@ -29,6 +29,7 @@ pytest.importorskip("vllm")
 
 from recipe_helpers import REPO  # noqa: E402
 
+from exgrpo.precision import cpu_precision  # noqa: E402
 from exgrpo.tools.evaluate import PROTOCOLS  # noqa: E402
 
 PROTOCOLS_PAPER = PROTOCOLS["paper"]
@@ -44,6 +45,7 @@ STEPS = 3
 # latch at step 1 or 2 (step-1 fresh accuracy is ~0.4-0.5 under strict grading), replay is inserted by step 4.
 PAPER_STEPS = 4
 SKIPPED = "actor/exgrpo/update_skipped"
+CPU_PRECISION = cpu_precision({})  # what a twin computes in on this CPU when EXGRPO_CPU_PRECISION is unset
 SAVE_HF_WEIGHTS = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
 STRICT_OFF = "reward.custom_reward_function.reward_kwargs.strict_format=false"  # a user's value for a profile's +key
 
@@ -181,14 +183,21 @@ def test_paper_script_twin_trains_with_replay_the_guard_and_strict_grading_and_c
     checkpoints its pool beside the actor."""
     run = paper_run
     assert_clean_exit(run)
-    # The GPU run's engine: bf16 mixed precision, vLLM in bf16, remove-padding, gradient checkpointing, dynamic
-    # batch size at a budget that splits every mini-batch.
+    # The GPU run's engine: remove-padding, gradient checkpointing, dynamic batch size at a budget that splits every
+    # mini-batch; in the precision this CPU's units make fastest (exgrpo.precision), said at launch and in verl's
+    # config: on bf16 units the GPU's bf16 mixed precision and vLLM in bf16, elsewhere float32 in both.
     # (verl prints its config: no mixed_precision section is verl's bf16 default, and no dtype there is float32; the
     # param_dtype entries it prints belong to engines the run does not use)
+    choice = CPU_PRECISION
     for setting in ("'use_remove_padding': True", "'enable_gradient_checkpointing': True",
-                    f"'ppo_max_token_len_per_gpu': {TOKEN_BUDGET}", "'use_dynamic_bsz': True", "'dtype': 'bfloat16'"):
+                    f"'ppo_max_token_len_per_gpu': {TOKEN_BUDGET}", "'use_dynamic_bsz': True",
+                    f"'dtype': '{choice.torch_dtype}'", "'cpu_precision': {'chosen_by': ",  # (pprint wraps the reason)
+                    f"'dtype': '{choice.precision}'}}", f" on cpu in {choice.precision} ({choice.reason}): "):
         assert setting in run.output, setting
-    assert "'mixed_precision': {" not in run.output and "'dtype': 'float32'" not in run.output
+    if choice.precision == "bf16":
+        assert "'mixed_precision': {" not in run.output and "'dtype': 'float32'" not in run.output
+    else:
+        assert "'mixed_precision': {'buffer_dtype': 'fp32'," in run.output and "'dtype': 'bfloat16'" not in run.output
     steps = train_steps(run, "exgrpo/fresh_acc")
     assert steps == list(range(1, PAPER_STEPS + 1)), sorted(run.metrics)
     # The authors' settings are in force: strict grading, their loss scale (24 x 1 rank / (4 x 8) sequences).
@@ -203,8 +212,9 @@ def test_paper_script_twin_trains_with_replay_the_guard_and_strict_grading_and_c
     for step in steps:
         assert run.metrics[step][SKIPPED] == 0.0, (step, run.metrics[step])  # the guard, each step, nothing skipped
         assert run.metrics[step]["actor/exgrpo/entropy_token_mean"] > 0
-        assert 0 < run.metrics[step]["training/rollout_probs_diff_mean"] < BF16_GAP_MEAN, (step, run.metrics[step])
-        assert run.metrics[step]["training/rollout_probs_diff_max"] < BF16_GAP_MAX, (step, run.metrics[step])
+        gap_mean, gap_max = (BF16_GAP_MEAN, BF16_GAP_MAX) if choice.precision == "bf16" else (FP32_GAP_MAX,) * 2
+        assert 0 < run.metrics[step]["training/rollout_probs_diff_mean"] < gap_mean, (step, run.metrics[step])
+        assert run.metrics[step]["training/rollout_probs_diff_max"] < gap_max, (step, run.metrics[step])
     assert any(k.startswith("val-core/") for k in run.metrics[PAPER_STEPS]), sorted(run.metrics)
     last = job_root / "paper_ckpt" / f"global_step_{PAPER_STEPS}"
     assert (last / "exgrpo_pool.npz").is_file() and (last / "actor").is_dir()
@@ -387,9 +397,13 @@ def test_recipe_defaults_with_continuous_rewards_on_two_ranks_replay_graded_succ
 
 
 ASYNC = "trainer.v1.trainer_mode=colocate_async"
-# The paper profile latches at step 1 (fresh accuracy ~0.4-0.6 under strict grading), collects from step 2, and
-# chooses replayed questions from step 3 on; in colocate_async they are trained a step after they are chosen.
+# With start_acc 0 the paper profile latches at step 1 whichever groups that step trains, collects from step 2, and
+# chooses replayed questions from step 3 on; in colocate_async they are trained a step after they are chosen. (At
+# the profile's 0.35 the latch would wait on step 1's accuracy over the groups that finished first: ~0.4-0.6 under
+# strict grading, and which groups those are depends on the machine's speed. The delayed-start rule itself is the
+# sync paper twin's to check.)
 ASYNC_STEPS = 3
+ASYNC_LATCH_AT_ONCE = "exgrpo.start_acc=0.0"
 
 
 def in_flight_lines(output: str, verb: str) -> dict[int, tuple[int, int]]:
@@ -404,15 +418,18 @@ def in_flight_lines(output: str, verb: str) -> dict[int, tuple[int, int]]:
 
 def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_its_groups_in_flight(job_root):
     """The 7B paper script's twin with ``trainer.v1.trainer_mode=colocate_async`` (partial rollout, one warm-up
-    batch ahead), as a user starts it: it trains groups an earlier step submitted (verl's staleness metric), replays
-    through the delayed start, saves the groups in flight beside the pool at each step, and a rerun two steps further
-    resumes with the saved pool digest and the same groups in flight, which verl re-issues: every restored replay
-    group is completed by its stored member once a step trains it (by the second resumed step at the latest, verl
-    sampling the oldest groups first)."""
+    batch ahead), as a user starts it: it replays the questions a step chose once the next step trains their groups,
+    saves the groups in flight beside the pool at each step, and a rerun two steps further resumes with the saved
+    pool digest and the same groups in flight, which verl re-issues: every restored replay group is completed by its
+    stored member once a step trains it (by the second resumed step at the latest, verl sampling the oldest groups
+    first). Nothing here depends on how fast generation runs against training: that a group trained in a later step
+    than the one that submitted it keeps its bookkeeping is tests/recipe/test_async_tq.py's, with held generations;
+    verl's staleness metric here is only required to be reported."""
     from recipe.exgrpo.composition import load_in_flight
 
     ckpt = job_root / "async_ckpt"
-    common = ("trainer.save_freq=1", "trainer.test_freq=100", "trainer.val_before_train=false", ASYNC)
+    common = ("trainer.save_freq=1", "trainer.test_freq=100", "trainer.val_before_train=false", ASYNC,
+              ASYNC_LATCH_AT_ONCE)
     env = {"TOKENS_PER_GPU": str(TOKEN_BUDGET)}
     run = run_job(job_root / "user", ckpt, "async", f"trainer.total_training_steps={ASYNC_STEPS}", *common,
                   env_extra=env)
@@ -420,8 +437,9 @@ def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_its_groups
     assert "'trainer_mode': 'colocate_async'" in run.output and "'num_warmup_batches': 1" in run.output
     steps = train_steps(run, "exgrpo/fresh_acc")
     assert steps == list(range(1, ASYNC_STEPS + 1)), sorted(run.metrics)
-    staleness = [run.metrics[s]["training/off_policy/trajectory_staleness/max"] for s in steps]
-    assert max(staleness) >= 1, staleness  # trajectories generated before the last weight update were trained
+    # verl's staleness is reported; its value (0 or more weight updates between a group's generation and its
+    # training) depends on whether generation finished before the update, which the machine's speed decides
+    assert all(run.metrics[s]["training/off_policy/trajectory_staleness/max"] >= 0 for s in steps)
     assert run.metrics[1]["exgrpo/latch"] == 1.0 and run.metrics[1]["exgrpo/in_flight_questions"] > 0
     chosen = run.metrics[ASYNC_STEPS]["exgrpo/replay_questions"]
     assert chosen >= 1, {s: run.metrics[s].get("exgrpo/replay_questions") for s in steps}

@@ -288,7 +288,8 @@ def test_device_profile_preset_and_cluster_knobs(tmp_path, tiny_model_dir):
     assert core.clip_fresh_after_start and core.skip_step_grad_norm is None and core.entropy_agg == "loss_agg_mode"
     assert "reward_kwargs" not in recipe.reward.custom_reward_function
     assert recipe.actor_rollout_ref.actor.loss_scale_factor == 128  # MAX_RESPONSE_LENGTH
-    cpu = config_of(EXGRPO_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2", CPU_PRESET="learn", RAY_ADDRESS="10.0.0.1:6379")
+    cpu = config_of(EXGRPO_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2", CPU_PRESET="learn", RAY_ADDRESS="10.0.0.1:6379",
+                    EXGRPO_CPU_PRECISION="bf16")
     env_vars = cpu.ray_kwargs.ray_init.runtime_env.env_vars
     assert (env_vars.VERL_PLATFORM, env_vars.VLLM_CPU_KVCACHE_SPACE) == ("cpu", "2")
     assert "recipe.exgrpo.cpu" in env_vars.VERL_USE_EXTERNAL_MODULES.split(",")

@@ -12,6 +12,7 @@ import os
 import subprocess
 
 import pytest
+import torch
 
 pytest.importorskip("verl")
 
@@ -219,7 +220,7 @@ CPU_ENGINE_KEYS = {
     "actor_rollout_ref.rollout.enforce_eager", "actor_rollout_ref.rollout.enable_sleep_mode",
     "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.rollout.max_num_batched_tokens",
 }
-# EXGRPO_CPU_PRECISION=fp32: the twin in float32 throughout (its default is the GPU's bf16).
+# Float32 throughout: the twin on a CPU without bf16 units, or with EXGRPO_CPU_PRECISION=fp32 (bf16 is the GPU's).
 CPU_FP32_KEYS = {
     "actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.actor.fsdp_config.mixed_precision",
     "actor_rollout_ref.rollout.dtype",
@@ -243,8 +244,9 @@ VERL_COPIES = {
 }
 # How validation decodes on the tiny task (greedy: a sampled number on 93 questions is mostly noise).
 CPU_VALIDATION_KEYS = {"actor_rollout_ref.rollout.val_kwargs.temperature"}
-# Not a setting of the run: where the metrics go (console and a JSONL file on a laptop; GPU: the LOGGER you pass).
-CPU_OUTPUT_KEYS = {"trainer.logger"}
+# Not settings of the run: where the metrics go (console and a JSONL file on a laptop; GPU: the LOGGER you pass), and
+# the record of the CPU precision chosen and why (verl prints it with its config).
+CPU_OUTPUT_KEYS = {"trainer.logger", "cpu_precision.dtype", "cpu_precision.chosen_by"}
 
 
 def _flat(node, prefix=""):
@@ -276,8 +278,10 @@ def _changed_keys(gpu_overrides, cpu_overrides):
     return changed
 
 
-# What the launcher is given on the CPU when it substitutes the tiny model (MAX_* come with it).
-TWIN_ENV = {"EXGRPO_DEVICE": "cpu", "MAX_PROMPT_LENGTH": "29", "MAX_RESPONSE_LENGTH": "24"}
+# What the launcher is given on the CPU when it substitutes the tiny model (MAX_* come with it), in the GPU's bf16
+# whatever this CPU's units (the comparisons below are of settings; the precision rule has its own test).
+TWIN_ENV = {"EXGRPO_DEVICE": "cpu", "MAX_PROMPT_LENGTH": "29", "MAX_RESPONSE_LENGTH": "24",
+            "EXGRPO_CPU_PRECISION": "bf16"}
 
 
 def test_cpu_profile_changes_only_device_size_and_engine_settings_of_the_reference_run(tmp_path, data_dir):
@@ -402,12 +406,21 @@ def load_settings_checked(config):
     return core, recipe
 
 
-def test_the_twin_runs_the_gpus_engine_and_fp32_is_one_switch_away(tmp_path, data_dir):
-    """By default the twin keeps the GPU run's precision (verl's bf16 mixed precision, vLLM in bf16), remove-padding,
-    gradient checkpointing and dynamic batch size (at a smaller token budget); EXGRPO_CPU_PRECISION=fp32 changes exactly the precision keys, to
-    float32 in the trainer and in vLLM; any other value is refused in one line."""
+def test_the_twin_computes_in_bf16_where_the_cpu_has_bf16_units_and_in_float32_elsewhere(tmp_path, data_dir):
+    """In bf16 the twin keeps the GPU run's precision (verl's bf16 mixed precision, vLLM in bf16), remove-padding,
+    gradient checkpointing and dynamic batch size (at a smaller token budget); float32 changes exactly the precision
+    keys, to float32 in the trainer and in vLLM. Unset, EXGRPO_CPU_PRECISION is this CPU's answer (exgrpo.precision:
+    bf16 on AMX / AVX512-BF16 units that oneDNN drives), oneDNN capped at AVX2 gives float32 on any x86 CPU, and
+    verl's config records the choice and why; any other value is refused in one line."""
+    from exgrpo.precision import cpu_precision
+
     env = {"MODEL_PATH": str(fake_model(tmp_path / "model")), "DATA_DIR": str(data_dir), "DRY_RUN": "1",
            "EXPERIMENT_NAME": "same", **TWIN_ENV}
+    record = {"cpu_precision.dtype", "cpu_precision.chosen_by"}
+
+    def settings(resolved: dict) -> dict:
+        return {k: v for k, v in resolved.items() if k not in record}
+
     for profile in ("recipe", "paper"):
         bf16 = run_launcher({**env, "EXGRPO_PROFILE": profile})
         gpu = run_launcher({**env, "EXGRPO_PROFILE": profile, "EXGRPO_DEVICE": "gpu"})
@@ -424,12 +437,24 @@ def test_the_twin_runs_the_gpus_engine_and_fp32_is_one_switch_away(tmp_path, dat
         assert _resolved(budget.stdout.splitlines())["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] == 256
         assert twin["actor_rollout_ref.actor.fsdp_config.dtype"] == "bfloat16" and twin[
             "actor_rollout_ref.model.use_remove_padding"] is True
-        assert _changed_keys(bf16.stdout.splitlines(), fp32.stdout.splitlines()) - set(VERL_COPIES) == CPU_FP32_KEYS
+        changed = _changed_keys(bf16.stdout.splitlines(), fp32.stdout.splitlines()) - set(VERL_COPIES)
+        assert changed == CPU_FP32_KEYS | record
         exact = _resolved(fp32.stdout.splitlines())
         assert exact["actor_rollout_ref.actor.fsdp_config.mixed_precision"] == {
             "param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
         assert exact["actor_rollout_ref.rollout.dtype"] == "float32"
+        assert (exact["cpu_precision.dtype"], exact["cpu_precision.chosen_by"]) == ("fp32", "EXGRPO_CPU_PRECISION=fp32")
+        # unset: this CPU's answer, the configuration of forcing it, with its reason on record
+        unset = {k: v for k, v in env.items() if k != "EXGRPO_CPU_PRECISION"} | {"EXGRPO_PROFILE": profile}
+        default = _resolved(run_launcher(unset).stdout.splitlines())
+        choice = cpu_precision({})
+        assert settings(default) == settings(exact if choice.precision == "fp32" else twin)
+        assert (default["cpu_precision.dtype"], default["cpu_precision.chosen_by"]) == (choice.precision, choice.reason)
+        if torch.cpu._is_avx2_supported() and torch.backends.mkldnn.is_available():  # x86: the AVX2-only branch
+            capped = _resolved(run_launcher({**unset, "DNNL_MAX_CPU_ISA": "AVX2"}).stdout.splitlines())
+            assert settings(capped) == settings(exact) and capped["cpu_precision.dtype"] == "fp32"
     wrong = run_launcher({**env, "EXGRPO_CPU_PRECISION": "fp16"})
-    assert wrong.returncode != 0 and "EXGRPO_CPU_PRECISION=fp16: use bf16 (the default) or fp32" in wrong.stderr
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert wrong.stderr == "error: EXGRPO_CPU_PRECISION=fp16: use bf16 or fp32 (unset: chosen by the CPU's bf16 units)\n"
     page = " ".join((REPO / "docs" / "cpu.md").read_text().split())
     assert "`EXGRPO_CPU_PRECISION=fp32`" in page
