@@ -258,8 +258,10 @@ def test_one_more_step_resumes_with_the_saved_pool_and_a_forced_skip_changes_no_
     assert train_steps(run, "exgrpo/fresh_acc") == [step]
     assert run.metrics[step]["exgrpo/latch"] == 1.0
     assert (ckpt / f"global_step_{step}" / "exgrpo_pool.npz").is_file()
-    # The update was skipped: reported, and the saved weights equal the resumed ones.
-    assert run.metrics[step][SKIPPED] == 1.0 and run.metrics[step]["actor/grad_norm"] > 1e-9
+    # The update was skipped: reported, and the saved weights equal the resumed ones. (The gradient is checked
+    # first: a step whose gradient were zero would rightly not be skipped, and the message says which it was.)
+    assert run.metrics[step]["actor/grad_norm"] > 1e-9, run.metrics[step]
+    assert run.metrics[step][SKIPPED] == 1.0, (run.metrics[step], re.findall(r"\[exgrpo\] optimizer step .*", run.output))
     assert "[exgrpo] optimizer step skipped" in run.output
     before = load_file(ckpt / f"global_step_{PAPER_STEPS}" / "actor" / "huggingface" / "model.safetensors")
     after = load_file(ckpt / f"global_step_{step}" / "actor" / "huggingface" / "model.safetensors")
