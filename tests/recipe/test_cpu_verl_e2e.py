@@ -222,56 +222,6 @@ def test_paper_script_twin_trains_with_replay_the_guard_and_strict_grading_and_c
     assert tracker.read_text().strip() == str(PAPER_STEPS)
 
 
-def test_one_more_step_resumes_with_the_saved_pool_and_a_forced_skip_changes_no_weight(paper_run, job_root):
-    """The same command one step further, with the grad-norm bound at 1e-9: it resumes with the pool the first run
-    saved, bit for bit, and the guard skips the step's optimizer update, so the weights it saves are the ones it
-    resumed from. It also carries a user's override of a key the paper profile adds (``+...strict_format``): the
-    user's value reaches verl's reward (hydra refused the doubled key before the launcher merged with its parser)."""
-    from safetensors.torch import load_file
-
-    assert paper_run.returncode == 0, paper_run.tail()
-    saved = printed_digests(paper_run.output, "saved")
-    assert sorted(saved) == list(range(1, PAPER_STEPS + 1))
-
-    from exgrpo.algorithm.pool import ExperiencePool
-
-    ckpt = job_root / "paper_ckpt"
-    on_disk = ExperiencePool.load(ckpt / f"global_step_{PAPER_STEPS}" / "exgrpo_pool.npz")
-    assert on_disk.state_digest() == saved[PAPER_STEPS] and len(on_disk) > 0
-
-    run = run_job(job_root / "user", ckpt, "resume", f"trainer.total_training_steps={PAPER_STEPS + 1}",
-                  "trainer.save_freq=1", f"trainer.test_freq={PAPER_STEPS}", SAVE_HF_WEIGHTS,
-                  "exgrpo.skip_step_grad_norm=1e-9", STRICT_OFF, env_extra={"TOKENS_PER_GPU": str(TOKEN_BUDGET)})
-    assert_clean_exit(run)
-    assert "'strict_format': False" in run.output and "'strict_format': True" not in run.output
-    assert f"Resuming from {ckpt / f'global_step_{PAPER_STEPS}'}" in run.output, run.tail()
-    # The pool the resumed trainer holds is, bit for bit, the one the first run saved (questions, buckets,
-    # trajectories, retired set, latch and RNG state), read under this run's config: the digest covers the config,
-    # and this command changed one of its keys (the grad-norm bound).
-    import dataclasses
-
-    resumed_config = dataclasses.replace(on_disk.config, skip_step_grad_norm=1e-9)
-    expected = ExperiencePool.load(ckpt / f"global_step_{PAPER_STEPS}" / "exgrpo_pool.npz", config=resumed_config)
-    assert expected.state_digest() != saved[PAPER_STEPS]
-    assert printed_digests(run.output, "restored") == {PAPER_STEPS: expected.state_digest()}
-    step = PAPER_STEPS + 1
-    assert train_steps(run, "exgrpo/fresh_acc") == [step]
-    assert run.metrics[step]["exgrpo/latch"] == 1.0
-    assert (ckpt / f"global_step_{step}" / "exgrpo_pool.npz").is_file()
-    # The update was skipped: reported, and the saved weights equal the resumed ones. (The gradient is checked
-    # first: a step whose gradient were zero would rightly not be skipped, and the message says which it was.)
-    assert run.metrics[step]["actor/grad_norm"] > 1e-9, run.metrics[step]
-    assert run.metrics[step][SKIPPED] == 1.0, (run.metrics[step], re.findall(r"\[exgrpo\] optimizer step .*", run.output))
-    assert "[exgrpo] optimizer step skipped" in run.output
-    before = load_file(ckpt / f"global_step_{PAPER_STEPS}" / "actor" / "huggingface" / "model.safetensors")
-    after = load_file(ckpt / f"global_step_{step}" / "actor" / "huggingface" / "model.safetensors")
-    assert before.keys() == after.keys() and all(before[k].equal(after[k]) for k in before)
-    # ... and they are not the model the first run started from: the paper run's updates did happen.
-    model_path = Path(re.search(r"'path': '([^']*/tiny_qwen2_[0-9a-f]+)'", run.output).group(1))
-    initial = load_file(model_path / "model.safetensors")
-    assert any(not initial[k].equal(before[k]) for k in before if k in initial)
-
-
 EVAL_QUESTIONS = 4  # per benchmark, seeded: ~60 rows, most of them real benchmark prompts of 1-5k byte tokens
 
 
@@ -294,7 +244,8 @@ def _benchmark_slices(user: Path) -> list[str]:
 def test_the_evaluation_command_turns_the_twins_checkpoint_into_the_papers_table(paper_run, job_root):
     """``eval_benchmarks.sh`` on the paper twin's global_step_N, as a user types it from their directory: verl's
     model merger, vLLM's CPU build on token-id prompts, the paper protocol's grading, the table in the paper's
-    layout with the paper's rows, and one scores line per response that says what was graded."""
+    layout with the paper's rows, and one scores line per response that says what was graded; on this CPU, in the
+    precision its units make fastest."""
     assert_clean_exit(paper_run)
     user = job_root / "user"
     files = _benchmark_slices(user)
@@ -307,6 +258,9 @@ def test_the_evaluation_command_turns_the_twins_checkpoint_into_the_papers_table
                           cwd=user, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     (user / "eval.log").write_text(done.stdout + done.stderr)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    # vLLM generates in the precision the twins train in on this CPU, and the command says which and why
+    assert f"[eval] vLLM in {CPU_PRECISION.torch_dtype}: {CPU_PRECISION.reason}" in done.stderr
+    assert f"dtype=torch.{CPU_PRECISION.torch_dtype}," in done.stdout + done.stderr
     out = user / "eval"
     merged_from = json.loads((out / "model" / "merged_from.json").read_text())
     assert merged_from["actor"].endswith(f"global_step_{PAPER_STEPS}/actor")
@@ -418,20 +372,27 @@ def in_flight_lines(output: str, verb: str) -> dict[int, tuple[int, int]]:
     return {int(s): (int(g), int(r)) for g, s, r in re.findall(pattern, output)}
 
 
-def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_its_groups_in_flight(job_root):
+def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_its_pool_and_groups_in_flight(job_root):
     """The 7B paper script's twin with ``trainer.v1.trainer_mode=colocate_async`` (partial rollout, one warm-up
     batch ahead), as a user starts it: it replays the questions a step chose once the next step trains their groups,
     saves the groups in flight beside the pool at each step, and a rerun two steps further resumes with the saved
     pool digest and the same groups in flight, which verl re-issues: every restored replay group is completed by its
     stored member once a step trains it (by the second resumed step at the latest, verl sampling the oldest groups
-    first). Nothing here depends on how fast generation runs against training: that a group trained in a later step
+    first). The rerun also bounds the gradient norm at 1e-9, so the guard skips its updates and the weights it saves
+    are the ones it resumed from, and it overrides a key the paper profile adds, which reaches verl's reward. Nothing
+    here depends on how fast generation runs against training: that a group trained in a later step
     than the one that submitted it keeps its bookkeeping is tests/recipe/test_async_tq.py's, with held generations;
     verl's staleness metric here is only required to be reported."""
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    from exgrpo.algorithm.pool import ExperiencePool
     from recipe.exgrpo.composition import load_in_flight
 
     ckpt = job_root / "async_ckpt"
     common = ("trainer.save_freq=1", "trainer.test_freq=100", "trainer.val_before_train=false", ASYNC,
-              ASYNC_LATCH_AT_ONCE)
+              ASYNC_LATCH_AT_ONCE, SAVE_HF_WEIGHTS)
     env = {"TOKENS_PER_GPU": str(TOKEN_BUDGET)}
     run = run_job(job_root / "user", ckpt, "async", f"trainer.total_training_steps={ASYNC_STEPS}", *common,
                   env_extra=env)
@@ -453,11 +414,22 @@ def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_its_groups
     assert (len(on_disk), sum(r for _, r in on_disk.values())) == (groups, replayed)
     assert (ckpt / f"global_step_{ASYNC_STEPS}" / "transfer_queue").is_dir()  # verl's in-flight prompts
 
+    # The same command two steps further, with the grad-norm bound at 1e-9 and a user's value for a key the paper
+    # profile adds (``+...strict_format``: hydra refused the doubled key before the launcher merged with its parser).
     more = run_job(job_root / "user", ckpt, "async_resume", f"trainer.total_training_steps={ASYNC_STEPS + 2}",
-                   *common, env_extra=env)
+                   *common, "exgrpo.skip_step_grad_norm=1e-9", STRICT_OFF, env_extra=env)
     assert_clean_exit(more)
+    assert "'strict_format': False" in more.output and "'strict_format': True" not in more.output
     assert f"Resuming from {ckpt / f'global_step_{ASYNC_STEPS}'}" in more.output, more.tail()
-    assert printed_digests(more.output, "restored") == {ASYNC_STEPS: digests[ASYNC_STEPS]}
+    # The pool the resumed trainer holds is, bit for bit, the one the first run saved (questions, buckets,
+    # trajectories, retired set, latch and RNG state), read under this run's config: the digest covers the config,
+    # and this command changed one of its keys (the grad-norm bound).
+    saved_pool = ckpt / f"global_step_{ASYNC_STEPS}" / "exgrpo_pool.npz"
+    assert ExperiencePool.load(saved_pool).state_digest() == digests[ASYNC_STEPS]
+    resumed_config = dataclasses.replace(ExperiencePool.load(saved_pool).config, skip_step_grad_norm=1e-9)
+    expected = ExperiencePool.load(saved_pool, config=resumed_config).state_digest()
+    assert expected != digests[ASYNC_STEPS]
+    assert printed_digests(more.output, "restored") == {ASYNC_STEPS: expected}
     assert in_flight_lines(more.output, "restored") == {ASYNC_STEPS: (groups, replayed)}
     # verl re-issues the groups whose generation had not finished (aborted at the step's end); finished ones come
     # back as they were (so none is re-issued when every group had finished generating by the save)
@@ -469,3 +441,18 @@ def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_its_groups
     assert inserted >= replayed, {s: more.metrics[s] for s in resumed}
     assert all(more.metrics[s]["exgrpo/replay_groups_without_candidates"] == 0 for s in resumed
                if "exgrpo/replay_groups_without_candidates" in more.metrics[s])
+    # Every update of the resumed steps was skipped by the guard: reported, and the weights saved at the end are the
+    # ones it resumed from. (The gradient is checked first: a step whose gradient were zero would rightly not be
+    # skipped, and the message says which it was.)
+    for step in resumed:
+        assert more.metrics[step]["actor/grad_norm"] > 1e-9, more.metrics[step]
+        assert more.metrics[step][SKIPPED] == 1.0, (more.metrics[step], re.findall(r"\[exgrpo\] optimizer .*",
+                                                                                  more.output))
+    assert "[exgrpo] optimizer step skipped" in more.output
+    before = load_file(ckpt / f"global_step_{ASYNC_STEPS}" / "actor" / "huggingface" / "model.safetensors")
+    after = load_file(ckpt / f"global_step_{ASYNC_STEPS + 2}" / "actor" / "huggingface" / "model.safetensors")
+    assert before.keys() == after.keys() and all(before[k].equal(after[k]) for k in before)
+    # ... and they are not the model the first run started from: its updates did happen.
+    model_path = Path(re.search(r"'path': '([^']*/tiny_qwen2_[0-9a-f]+)'", more.output).group(1))
+    initial = load_file(model_path / "model.safetensors")
+    assert any(not initial[k].equal(before[k]) for k in before if k in initial)
