@@ -497,3 +497,59 @@ def test_update_batch_asks_for_unclipped_fresh_tokens_only_after_the_start_when_
         trainer._update_actor(SimpleNamespace(extra_info={}), metrics)
         assert metrics["exgrpo/clip_fresh"] == float(seen[-1])
     assert seen == [True, True, False]
+
+
+def test_an_exgrpo_checkpoint_forks_into_grpo_with_replay_off_and_exgrpo_with_its_pool(harness, tq_cluster,
+                                                                                        actor_worker, tiny_model_dir,
+                                                                                        tmp_path):
+    """The replay study's fork: one ExGRPO run saves the step before its first replay; from that checkpoint a GRPO
+    future (``exgrpo.enable=false``, its own worker without the ExGRPO loss) resumes verl's step and data order and
+    never reads the pool, which stays on disk as saved, while an ExGRPO future restores the pool bit for bit and
+    replays from its next step. Both futures draw the same next fresh questions. (The weights' own save and load are
+    verl's, which the harness's worker group stands in for; the e2e twins resume them.)"""
+    from omegaconf import open_dict
+    from recipe_helpers import build_actor_worker, engine_config
+
+    from exgrpo.algorithm.pool import ExperiencePool
+
+    h, trainer, _, _ = harness
+    config = trainer.config.copy()
+    with open_dict(config):
+        config.trainer.default_local_dir = str(tmp_path)
+    trunk, _ = h.build_trainer(config, actor_worker, CORRECT)
+    batch, metrics = h.run_step(trunk)  # step 1: all fresh, the latch turns on (7/16 > 0.3), q0 and q1 stored
+    assert metrics["exgrpo/latch"] == 1.0 and metrics["exgrpo/replay_questions"] == 0.0 and len(trunk.pool) == 2
+    trunk._save_checkpoint()
+    h.finish_step(trunk, batch)
+    pool_file = tmp_path / "global_step_1" / "exgrpo_pool.npz"
+    saved_digest = ExperiencePool.load(pool_file).state_digest()
+
+    def future(enable: bool, worker):
+        cfg = config.copy()
+        with open_dict(cfg):
+            cfg.exgrpo.enable = enable
+            cfg.trainer.resume_mode = "auto"
+        resumed, _ = h.build_trainer(cfg, worker, CORRECT)
+        resumed._load_checkpoint()
+        assert resumed.global_steps == 1
+        return resumed
+
+    grpo_worker = build_actor_worker(engine_config(tiny_model_dir), enable_exgrpo=False)
+    grpo = future(False, grpo_worker)
+    assert grpo.pool is None
+    grpo.prepare_step()
+    grpo_submitted = [(s["qid"], s["n"]) for s in grpo.agent_loop_manager.submitted]
+    assert grpo_submitted == [(f"q{i}", K) for i in range(4, 8)]  # the data order where the trunk left it
+
+    exgrpo = future(True, actor_worker)
+    assert exgrpo.pool.state_digest() == saved_digest and exgrpo.pool.active
+    exgrpo.prepare_step()
+    exgrpo_submitted = [(s["qid"], s["n"]) for s in exgrpo.agent_loop_manager.submitted]
+    assert exgrpo_submitted[:2] == grpo_submitted[:2]  # the same next fresh questions ...
+    assert sorted(exgrpo_submitted[2:]) == [("q0", K - 1), ("q1", K - 1)]  # ... and replay from here on
+    assert ExperiencePool.load(pool_file).state_digest() == saved_digest  # the GRPO future left the pool alone
+
+    for manager in (grpo.agent_loop_manager, exgrpo.agent_loop_manager):  # the records the prompts produced
+        uids = [s["uid"] for s in manager.submitted]
+        keys = [f"{s['uid']}_{i}_0" for s in manager.submitted for i in range(s["n"])]
+        tq_cluster.kv_clear(keys=keys + uids, partition_id="train")
