@@ -1,0 +1,439 @@
+"""Replay's effect apart from noise: one history, several futures. SmolLM2-135M through the recipe, forked runs.
+
+The first study (benchmarks/replay_study.py) paired seeds from step 0, and vLLM's CPU sampling does not repeat run
+to run: two arms of one seed differ before replay starts, so an effect that starts at step 10 drowns in a gap opened
+at step 1. Here every seed has one history and several futures:
+
+- the **trunk**: ExGRPO in the paper profile (``EXGRPO_PROFILE=paper``: the delayed start at a fresh accuracy above
+  0.35, collection from the step after it), which trains exactly as GRPO until replay starts (the loss is verl's on
+  a fresh-only batch, tests/recipe/test_engine_cpu.py), checkpointing every step. It is stopped once the checkpoint
+  of the **fork step** is written: the last step before the first replay, the latch step + 1 (collection starts
+  there, the first replay is drawn a step later). A trunk that has not latched by ``FORK_BY`` forks there instead,
+  which its result file says.
+- the **futures**, ``FUTURE_STEPS`` steps each from that one checkpoint (hard-linked into a folder of its own):
+  ``exgrpo`` (replay on), ``grpo`` (``exgrpo.enable=false``: the pool stays on disk, unread), ``grpo_aa`` (GRPO again
+  with another rollout seed: what noise alone does after the fork), and in the hard regime the paper's ablations
+  ``exgrpo_select_random`` (a random stored trajectory), ``exgrpo_no_shaping`` (the plain clipped ratio) and
+  ``exgrpo_uniform_buckets`` (question selection uniform over the accuracy buckets: sigma 1000). Resuming an ExGRPO
+  checkpoint either way is tested (tests/recipe/test_step_tq.py, the fork test). Every future validates greedily at
+  the fork step and after each of its steps, on held-out questions of both kinds.
+
+The effect is the paired difference ExGRPO − GRPO after the fork, beside the A/A difference GRPO' − GRPO.
+
+One profile switch differs from the paper script: ``strict_format=false``. SmolLM2 never closes ``</think>``, so the
+paper's strict grading would score every rollout 0 and no run could learn (docs/cpu.md, "A real model").
+
+Regimes (named for what they are): ``hard`` trains on two-digit sums with two digits (level 3), where most fresh
+groups of 8 are all wrong at first, and holds out level 2 (an easier level) as out-of-distribution; ``headroom``
+trains on levels 1-2 and holds out level 3 (a harder level).
+
+Each finished run is a JSON file ``benchmarks/fork_study/<regime>__<run>__seed<k>.json``: commit it. A future's file
+names its trunk (``trunk_id``): a trunk's checkpoint lives only in ``--work`` on the machine that ran it, so the
+futures of one seed must run there, in one sitting with their trunk; a seed whose trunk is gone is rerun whole (new
+trunk, new futures), and the report pairs only futures of the same trunk.
+
+Usage::
+
+    python benchmarks/fork_study.py plan
+    python benchmarks/fork_study.py run [--only hard/0] [--until 18:00]   # whole seeds, in plan order
+    python benchmarks/fork_study.py report [--plots benchmarks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import replay_study as rs  # noqa: E402  (the task files, the model, metrics reading and the statistics)
+
+RESULTS = REPO / "benchmarks" / "fork_study"
+FORK_BY = 12  # a trunk not latched by then forks at this step
+FUTURE_STEPS = 15
+TRUNK_TEST_FREQ = 5
+PROFILE_ENV = {"EXGRPO_PROFILE": "paper", "MAX_PROMPT_LENGTH": "64", "MAX_RESPONSE_LENGTH": "32", "CKPT_KEEP": "2"}
+COMMON = ["actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+          "reward.custom_reward_function.reward_kwargs.strict_format=false"]
+AA_SEED_OFFSET = 1000  # the A/A future's rollout seed: the seed + this
+
+
+@dataclass(frozen=True)
+class Regime:
+    rs_regime: str  # replay_study's regime of the same task files
+    about: str
+    seeds: tuple[int, ...]
+    futures: tuple[str, ...]
+    ablation_seeds: tuple[int, ...] = ()
+    lr: str = "1e-5"
+
+
+MAIN_FUTURES = ("exgrpo", "grpo", "grpo_aa")
+ABLATIONS = ("exgrpo_select_random", "exgrpo_no_shaping", "exgrpo_uniform_buckets")
+REGIMES = {
+    "hard": Regime("weak", "a task too hard for the model: level 3 (two digits with two digits) in words; OOD level 2 "
+                   "(an easier level)", seeds=(0, 1, 2, 3, 4), futures=MAIN_FUTURES, ablation_seeds=(0, 1, 2)),
+    "headroom": Regime("headroom", "a task with headroom: levels 1-2 in words; OOD level 3 (a harder level)",
+                       seeds=(0, 1, 2), futures=MAIN_FUTURES),
+}
+
+
+def future_overrides(name: str, seed: int) -> list[str]:
+    return {
+        "exgrpo": [],
+        "grpo": ["exgrpo.enable=false"],
+        "grpo_aa": ["exgrpo.enable=false", f"actor_rollout_ref.rollout.seed={seed + AA_SEED_OFFSET}"],
+        "exgrpo_select_random": ["exgrpo.select=random"],
+        "exgrpo_no_shaping": ["exgrpo.shaping=false"],
+        "exgrpo_uniform_buckets": ["exgrpo.sigma=1000.0"],
+    }[name]
+
+
+@dataclass(frozen=True)
+class SeedPlan:
+    regime: str
+    seed: int
+
+    @property
+    def futures(self) -> tuple[str, ...]:
+        spec = REGIMES[self.regime]
+        return spec.futures + (ABLATIONS if self.seed in spec.ablation_seeds else ())
+
+    def result(self, run: str) -> Path:
+        return RESULTS / f"{self.regime}__{run}__seed{self.seed}.json"
+
+    @property
+    def name(self) -> str:
+        return f"{self.regime}/{self.seed}"
+
+
+def plan() -> list[SeedPlan]:
+    """Whole seeds, the hard regime first (where replay looked strongest), then headroom."""
+    return [SeedPlan(regime, seed) for regime, spec in REGIMES.items() for seed in spec.seeds]
+
+
+def seed_done(item: SeedPlan) -> bool:
+    """Trunk and every future written, each future from that trunk."""
+    if not item.result("trunk").exists():
+        return False
+    trunk_id = json.loads(item.result("trunk").read_text())["trunk_id"]
+    return all(p.exists() and json.loads(p.read_text()).get("trunk_id") == trunk_id
+               for p in map(item.result, item.futures))
+
+
+def fork_step(metrics: dict[int, dict[str, float]], fork_by: int = FORK_BY) -> tuple[int | None, str]:
+    """The fork step the trunk's metrics so far decide (None: not yet), and why.
+
+    The paper profile latches at the first step whose fresh accuracy is above start_acc (step L, logged as
+    ``exgrpo/latch``), collects from L + 1 and draws its first replay at L + 2: L + 1 is the last step trained as
+    GRPO. A trunk still unlatched after ``fork_by`` steps forks at ``fork_by``."""
+    latched = sorted(s for s, v in metrics.items() if v.get("exgrpo/latch", 0) > 0)
+    if latched:
+        step = min(latched[0] + 1, fork_by)
+        return step, f"latch at step {latched[0]}; the last step before the first replay"
+    trained = [s for s, v in metrics.items() if "timing_s/step" in v]
+    if trained and max(trained) >= fork_by:
+        return fork_by, f"no latch by step {fork_by}: forked at a fixed step"
+    return None, "not latched yet"
+
+
+def tracker_step(folder: Path) -> int:
+    tracker = folder / "latest_checkpointed_iteration.txt"
+    return int(tracker.read_text().strip()) if tracker.exists() else 0
+
+
+# ---------------------------------------------------------------------------------------------------- running
+def _launch(folder: Path, overrides: list[str], env_extra: dict[str, str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, **PROFILE_ENV, **env_extra, "EXGRPO_DEVICE": "cpu", "CKPT_DIR": str(folder)}
+    env.pop("VERL_FILE_LOGGER_PATH", None)  # the launcher writes metrics_<time>.jsonl beside the checkpoints
+    with log.open("a") as out:
+        return subprocess.Popen(["bash", "run_scripts/cpu_verl_exgrpo.sh", *overrides], cwd=REPO, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher, Ray and vLLM: the whole process group
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _seed_overrides(item: SeedPlan) -> list[str]:
+    return [*COMMON, f"actor_rollout_ref.actor.optim.lr={REGIMES[item.regime].lr}", f"data.seed={item.seed}",
+            f"actor_rollout_ref.rollout.seed={item.seed}", f"exgrpo.seed={item.seed}"]
+
+
+def run_trunk(item: SeedPlan, work: Path, env_extra: dict[str, str]) -> dict[str, Any]:
+    folder = work / "runs" / f"{item.regime}__trunk__seed{item.seed}"
+    shutil.rmtree(folder, ignore_errors=True)  # a trunk is one history: never resumed into another
+    folder.mkdir(parents=True)
+    overrides = [*_seed_overrides(item), f"trainer.total_training_steps={FORK_BY}", "trainer.save_freq=1",
+                 f"trainer.test_freq={TRUNK_TEST_FREQ}", "trainer.val_before_train=true",
+                 f"trainer.validation_data_dir={folder / 'val_generations'}"]
+    print(f"[fork] {item.name}: trunk", flush=True)
+    start = time.perf_counter()
+    proc = _launch(folder, overrides, env_extra, folder / "run.log")
+    fork, why = None, ""
+    while True:
+        time.sleep(5)
+        metrics = rs.read_metrics(folder)
+        fork, why = fork_step(metrics)
+        if fork is not None and tracker_step(folder) >= fork:
+            break
+        if proc.poll() is not None:
+            fork, why = fork_step(rs.read_metrics(folder))
+            if fork is None or tracker_step(folder) < fork:
+                tail = "\n".join((folder / "run.log").read_text(errors="replace").splitlines()[-15:])
+                raise SystemExit(f"[fork] {item.name}: the trunk ended (exit {proc.returncode}) before its fork "
+                                 f"checkpoint; last lines:\n{tail}")
+            break
+    _stop(proc)
+    metrics = {s: v for s, v in rs.read_metrics(folder).items() if s <= fork}
+    print(f"[fork] {item.name}: fork at step {fork} ({why})", flush=True)
+    return {"kind": "trunk", "trunk_id": uuid.uuid4().hex[:12], "fork_step": fork, "fork_reason": why,
+            **summary(item, "trunk", metrics, overrides, time.perf_counter() - start, work)}
+
+
+def run_future(item: SeedPlan, name: str, trunk: dict[str, Any], work: Path, env_extra: dict[str, str]
+               ) -> dict[str, Any]:
+    fork = trunk["fork_step"]
+    source = work / "runs" / f"{item.regime}__trunk__seed{item.seed}" / f"global_step_{fork}"
+    folder = work / "runs" / f"{item.regime}__{name}__seed{item.seed}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    # the fork's checkpoint, hard-linked: a resumed run writes new step folders and never changes this one
+    subprocess.run(["cp", "-al", str(source), str(folder / source.name)], check=True)
+    (folder / "latest_checkpointed_iteration.txt").write_text(str(fork))
+    overrides = [*_seed_overrides(item), *future_overrides(name, item.seed),
+                 f"trainer.total_training_steps={fork + FUTURE_STEPS}", "trainer.save_freq=1000", "trainer.test_freq=1",
+                 "trainer.val_before_train=true", f"trainer.validation_data_dir={folder / 'val_generations'}"]
+    print(f"[fork] {item.name}: {name} from step {fork}", flush=True)
+    start = time.perf_counter()
+    proc = _launch(folder, overrides, env_extra, folder / "run.log")
+    seen = fork
+    while proc.poll() is None:
+        time.sleep(10)
+        steps = [s for s, v in rs.read_metrics(folder).items() if "timing_s/step" in v]
+        if steps and max(steps) > seen:
+            seen = max(steps)
+            print(f"[fork] {item.name}: {name} step {seen}/{fork + FUTURE_STEPS}", flush=True)
+    metrics = rs.read_metrics(folder)
+    if proc.returncode or rs.last_step(metrics) < fork + FUTURE_STEPS:
+        tail = "\n".join((folder / "run.log").read_text(errors="replace").splitlines()[-15:])
+        raise SystemExit(f"[fork] {item.name}: {name} failed (exit {proc.returncode}); last lines:\n{tail}")
+    for step_dir in folder.glob("global_step_*"):  # weights are not kept; the metrics are
+        shutil.rmtree(step_dir, ignore_errors=True)
+    return {"kind": "future", "trunk_id": trunk["trunk_id"], "fork_step": fork,
+            **summary(item, name, metrics, overrides, time.perf_counter() - start, work)}
+
+
+def summary(item: SeedPlan, run: str, metrics: dict[int, dict[str, float]], overrides: list[str], wall_s: float,
+            work: Path) -> dict[str, Any]:
+    import pandas as pd
+
+    from exgrpo.embedded.runner import cpu_description
+    from exgrpo.precision import cpu_precision
+
+    steps = {}
+    for step, values in sorted(metrics.items()):
+        kept = {k: round(float(v), 6) for k, v in sorted(values.items())
+                if k.startswith(rs.KEEP_PREFIXES) and not any(d in k for d in rs.DROP_SUBSTRINGS)
+                and isinstance(v, int | float)}
+        if kept:
+            steps[str(step)] = kept
+    val = {}
+    for step, values in sorted(metrics.items()):
+        ind, ood = rs.val_accuracy(values, rs.ID_SOURCE), rs.val_accuracy(values, rs.OOD_SOURCE)
+        if ind is not None or ood is not None:
+            val[str(step)] = {"id": ind, "ood": ood}
+    _, val_file = rs.task_files(REGIMES[item.regime].rs_regime, work)
+    held = pd.read_parquet(val_file)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    precision = cpu_precision()
+    return {
+        "regime": item.regime, "run": run, "seed": item.seed, "about": REGIMES[item.regime].about,
+        "command": ["env", *[f"{k}={v}" for k, v in PROFILE_ENV.items()], "bash", "run_scripts/cpu_verl_exgrpo.sh",
+                    *overrides],
+        "commit": commit.stdout.strip(), "wall_s": round(wall_s, 1),
+        "finished": dt.datetime.now().isoformat(timespec="seconds"),
+        "held_out_questions": {k: int((held["data_source"] == s).sum())
+                               for k, s in (("id", rs.ID_SOURCE), ("ood", rs.OOD_SOURCE))},
+        "precision": {"dtype": precision.precision, "chosen_by": precision.reason}, "cpu": cpu_description()["cpu"],
+        "val": val, "steps": steps,
+    }
+
+
+def write(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def run_seed(item: SeedPlan, work: Path, model: Path) -> None:
+    train_file, val_file = rs.task_files(REGIMES[item.regime].rs_regime, work)
+    env_extra = {"MODEL_PATH": str(model), "TRAIN_FILE": str(train_file), "VAL_FILE": str(val_file)}
+    trunk_dir = work / "runs" / f"{item.regime}__trunk__seed{item.seed}"
+    trunk = json.loads(item.result("trunk").read_text()) if item.result("trunk").exists() else None
+    if trunk is None or not (trunk_dir / f"global_step_{trunk['fork_step']}").is_dir():
+        if trunk is not None:
+            print(f"[fork] {item.name}: the trunk's checkpoint is not on this machine: the seed starts over", flush=True)
+        trunk = run_trunk(item, work, env_extra)
+        write(item.result("trunk"), trunk)
+    for name in item.futures:
+        path = item.result(name)
+        if path.exists() and json.loads(path.read_text()).get("trunk_id") == trunk["trunk_id"]:
+            continue
+        result = run_future(item, name, trunk, work, env_extra)
+        write(path, result)
+        print(f"[fork] {item.name}: {name} done in {result['wall_s']:.0f} s", flush=True)
+    shutil.rmtree(trunk_dir, ignore_errors=True)  # every future of this trunk is written: its weights can go
+
+
+def deadline_of(until: str | None) -> dt.datetime | None:
+    if not until:
+        return None
+    hour, minute = (int(x) for x in until.split(":"))
+    now = dt.datetime.now()
+    deadline = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    return deadline + dt.timedelta(days=1) if deadline <= now else deadline
+
+
+# ---------------------------------------------------------------------------------------------------- report
+def load(regime: str) -> dict[int, dict[str, dict[str, Any]]]:
+    """seed -> run -> result, keeping only futures of the seed's trunk."""
+    out: dict[int, dict[str, dict[str, Any]]] = {}
+    for path in sorted(RESULTS.glob(f"{regime}__*.json")):
+        data = json.loads(path.read_text())
+        out.setdefault(int(data["seed"]), {})[data["run"]] = data
+    for seed, runs in out.items():
+        trunk_id = runs.get("trunk", {}).get("trunk_id")
+        out[seed] = {k: v for k, v in runs.items() if v.get("trunk_id") == trunk_id}
+    return out
+
+
+def gap(a: dict[str, Any], b: dict[str, Any], step: int, kind: str) -> float | None:
+    x, y = a["val"].get(str(step), {}).get(kind), b["val"].get(str(step), {}).get(kind)
+    return None if x is None or y is None else x - y
+
+
+def report(plots: Path | None) -> str:
+    lines: list[str] = []
+    offsets = (0, 5, 10, FUTURE_STEPS)
+    for regime, spec in REGIMES.items():
+        seeds = load(regime)
+        if not any("grpo" in runs for runs in seeds.values()):
+            continue
+        lines += [f"### `{regime}`: {spec.about}", ""]
+        forks = ", ".join(f"{s}: {r['trunk']['fork_step']}" for s, r in sorted(seeds.items()) if "trunk" in r)
+        lines += [f"Fork step per seed: {forks}. Points of held-out greedy accuracy, future − GRPO on the same fork, "
+                  "mean ± 95 % t interval over seeds (n); steps counted from the fork (0: the fork's own checkpoint, "
+                  "where every future holds the same weights).", ""]
+        lines.append("| future − GRPO | n | " + " | ".join(f"ID +{o}" for o in offsets) + " | "
+                     + " | ".join(f"OOD +{o}" for o in offsets) + " |")
+        lines.append("|---|---:|" + "---:|" * (2 * len(offsets)))
+        for name in (*spec.futures, *ABLATIONS):
+            if name == "grpo":
+                continue
+            paired = [r for r in seeds.values() if name in r and "grpo" in r]
+            if not paired:
+                continue
+            cells = []
+            for kind in ("id", "ood"):
+                for o in offsets:
+                    d = [g for r in paired if (g := gap(r[name], r["grpo"], r["trunk"]["fork_step"] + o, kind))
+                         is not None]
+                    cells.append(rs.fmt(*rs.mean_interval(d)) if d else "n/a")
+            label = f"{name} (A/A)" if name == "grpo_aa" else name
+            lines.append(f"| {label} | {len(paired)} | " + " | ".join(cells) + " |")
+        lines.append("")
+        if plots is not None:
+            plot(regime, seeds, plots / f"fork_study_{regime}.png")
+            lines += [f"![{regime}](fork_study_{regime}.png)", ""]
+    return "\n".join(lines) if lines else "no finished seed yet"
+
+
+def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    names = [n for n in (*MAIN_FUTURES, *ABLATIONS) if any(n in r for r in seeds.values())]
+    colours = dict(zip(names, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    for ax, kind in zip(axes, ("id", "ood"), strict=True):
+        for name in names:
+            diffs: dict[int, list[float]] = {}
+            for r in seeds.values():
+                if name in r and "grpo" in r:
+                    fork = r["trunk"]["fork_step"]
+                    for o in range(FUTURE_STEPS + 1):
+                        if (g := gap(r[name], r["grpo"], fork + o, kind)) is not None:
+                            diffs.setdefault(o, []).append(g)
+            if name != "grpo" and diffs:
+                xs = sorted(diffs)
+                ax.plot(xs, [100 * statistics.fmean(diffs[x]) for x in xs], color=colours[name], label=name)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_title(f"{kind.upper()}: future − GRPO, mean over seeds (points)", fontsize=9)
+        ax.set_xlabel("steps after the fork")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"SmolLM2-135M, forked runs, regime '{regime}'", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    global RESULTS
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_plan, p_run, p_report = sub.add_parser("plan"), sub.add_parser("run"), sub.add_parser("report")
+    for p in (p_plan, p_run):
+        p.add_argument("--only", nargs="*", default=[], help="regime or regime/seed")
+    p_run.add_argument("--work", type=Path, default=REPO / "runs" / "fork_study")
+    p_run.add_argument("--until", default=None, help="HH:MM: start no seed after the next such time")
+    p_run.add_argument("--max-seeds", type=int, default=None)
+    p_report.add_argument("--plots", type=Path, default=None)
+    for p in sub.choices.values():
+        p.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    RESULTS = args.results.resolve()
+    if args.command == "report":
+        print(report(args.plots))
+        return
+    items = [i for i in plan() if not args.only or i.regime in args.only or i.name in args.only]
+    if args.command == "plan":
+        for item in items:
+            print(f"{'done' if seed_done(item) else 'todo'}  {item.name}: trunk, {', '.join(item.futures)}")
+        return
+    todo = [i for i in items if not seed_done(i)]
+    deadline = deadline_of(args.until)
+    print(f"[fork] {len(todo)} seeds to do" + (f"; none started after {deadline:%H:%M}" if deadline else ""),
+          flush=True)
+    model = rs.model_path()
+    for done, item in enumerate(todo):
+        if (args.max_seeds is not None and done >= args.max_seeds) or (deadline and dt.datetime.now() >= deadline):
+            break
+        run_seed(item, args.work, model)
+
+
+if __name__ == "__main__":
+    main()
