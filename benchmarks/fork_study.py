@@ -395,10 +395,7 @@ def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"SmolLM2-135M, forked runs, regime '{regime}'", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    rs.save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -535,6 +535,12 @@ def plot(regime: str, arms: list[str], seeds: dict[str, list[int]], results: dic
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"SmolLM2-135M through the recipe on a 2-core CPU: regime '{regime}', one line per seed", fontsize=10)
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

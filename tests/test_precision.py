@@ -54,13 +54,15 @@ def test_the_variable_forces_either_and_a_bad_value_names_it(units):
 
 @given(st.booleans(), st.booleans(), st.booleans(), st.sampled_from(["", "AVX2", "AVX512_CORE", "SSE41"]))
 def test_every_reason_fits_in_a_single_quoted_hydra_value(amx, avx512_bf16, onednn, cap):
-    os.environ.pop("DNNL_MAX_CPU_ISA", None)
+    before = os.environ.pop("DNNL_MAX_CPU_ISA", None)  # the session's own value comes back after each example
     if cap:
         os.environ["DNNL_MAX_CPU_ISA"] = cap
     try:
         reason = choose(BF16Units(amx, avx512_bf16, onednn)).reason
     finally:
         os.environ.pop("DNNL_MAX_CPU_ISA", None)
+        if before is not None:
+            os.environ["DNNL_MAX_CPU_ISA"] = before
     assert reason and not set(reason) & {"'", '"', "\t", "\n"}
 
 
@@ -73,14 +75,15 @@ def _lscpu_flags() -> set[str]:
     pytest.skip("/proc/cpuinfo has no flags line (not x86)")
 
 
-def test_detection_agrees_with_the_cpus_flags_and_the_fallback_reads_them_alike(monkeypatch):
-    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+def test_detection_agrees_with_the_cpus_flags_and_the_fallback_reads_them_alike():
+    # (DNNL_MAX_CPU_ISA is left as the session has it: oneDNN reads it once per process, at torch's first question)
     flags = _lscpu_flags()
     units = detect_bf16_units()
     assert units.amx == ("amx_tile" in flags) and units.avx512_bf16 == ("avx512_bf16" in flags)
     assert units.seen_by == "torch"
     fallback = _units_from_cpuinfo()
     assert (fallback.amx, fallback.avx512_bf16, fallback.seen_by) == (units.amx, units.avx512_bf16, "/proc/cpuinfo")
+    assert fallback.usable == units.usable  # a cap in the environment counts alike
     # unset EXGRPO_CPU_PRECISION: the rule over this CPU's units
     assert cpu_precision({}) == choose(units)
     assert cpu_precision({ENV: "fp32"}).precision == "fp32"
