@@ -617,9 +617,10 @@ def environment() -> dict[str, Any]:
     A fresh process with the same seed and config reproduces a run bit for bit where the summary's environment
     line matches up to "CPU" and the CPU is of the same vendor with AVX2 (MKL's reproducibility promise covers Intel
     CPUs; two AMD ones, with and without AVX-512, gave the same bits as each other and other bits than Intel's),
-    the warm start included (it is cached by config and data alone, so a model built elsewhere is reused silently). Measured: torch's kernel set and MKL's code path each change the warm start's weights and
-    every RL step; 1 vs 2 threads leaves the warm start identical but changes RL gradients (~1e-7); oneDNN's ISA
-    (DNNL_MAX_CPU_ISA) changes nothing here (no float32 work goes through it).
+    the warm start included (it is cached by config and data alone, so a model built elsewhere is reused silently).
+    Measured: torch's kernel set and MKL's code path each change the warm start's weights and every RL step; 1 vs 2
+    threads leaves the warm start identical but changes RL gradients (~1e-7); oneDNN's ISA (DNNL_MAX_CPU_ISA)
+    changes nothing here (no float32 work goes through it).
     """
     import transformers
 
