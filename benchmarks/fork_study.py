@@ -249,18 +249,7 @@ def summary(item: SeedPlan, run: str, metrics: dict[int, dict[str, float]], over
     from exgrpo.embedded.runner import cpu_description
     from exgrpo.precision import cpu_precision
 
-    steps = {}
-    for step, values in sorted(metrics.items()):
-        kept = {k: round(float(v), 6) for k, v in sorted(values.items())
-                if k.startswith(rs.KEEP_PREFIXES) and not any(d in k for d in rs.DROP_SUBSTRINGS)
-                and isinstance(v, int | float)}
-        if kept:
-            steps[str(step)] = kept
-    val = {}
-    for step, values in sorted(metrics.items()):
-        ind, ood = rs.val_accuracy(values, rs.ID_SOURCE), rs.val_accuracy(values, rs.OOD_SOURCE)
-        if ind is not None or ood is not None:
-            val[str(step)] = {"id": ind, "ood": ood}
+    steps, val = rs.kept_records(metrics)
     _, val_file = rs.task_files(REGIMES[item.regime].rs_regime, work)
     held = pd.read_parquet(val_file)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)

@@ -217,20 +217,25 @@ def val_accuracy(values: dict[str, float], source: str) -> float | None:
     return None
 
 
-def summarise(run: RunId, metrics: dict[int, dict[str, float]], command: list[str], wall_s: float,
-              n_val: dict[str, int]) -> dict[str, Any]:
-    steps = {}
+def kept_records(metrics: dict[int, dict[str, float]]) -> tuple[dict[str, dict], dict[str, dict]]:
+    """What a result file keeps of verl's metrics: the per-step values (KEEP_PREFIXES, rounded) and the held-out
+    accuracies by step, ID and OOD."""
+    steps, val = {}, {}
     for step, values in sorted(metrics.items()):
-        kept = {k: v for k, v in values.items()
+        kept = {k: round(float(v), 6) for k, v in sorted(values.items())
                 if k.startswith(KEEP_PREFIXES) and not any(d in k for d in DROP_SUBSTRINGS)
                 and isinstance(v, int | float)}
         if kept:
-            steps[str(step)] = {k: round(float(v), 6) for k, v in sorted(kept.items())}
-    val = {}
-    for step, values in sorted(metrics.items()):
+            steps[str(step)] = kept
         ind, ood = val_accuracy(values, ID_SOURCE), val_accuracy(values, OOD_SOURCE)
         if ind is not None or ood is not None:
             val[str(step)] = {"id": ind, "ood": ood}
+    return steps, val
+
+
+def summarise(run: RunId, metrics: dict[int, dict[str, float]], command: list[str], wall_s: float,
+              n_val: dict[str, int]) -> dict[str, Any]:
+    steps, val = kept_records(metrics)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     sys.path.insert(0, str(REPO))
     from exgrpo.embedded.runner import cpu_description
