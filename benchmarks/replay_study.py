@@ -210,14 +210,15 @@ def last_step(metrics: dict[int, dict[str, float]]) -> int:
     return max((s for s, v in metrics.items() if "timing_s/step" in v), default=0)
 
 
-def val_accuracy(values: dict[str, float], source: str) -> float | None:
+def val_accuracy(values: dict[str, float], source: str, samples: int = 1) -> float | None:
+    """verl's held-out accuracy of one source: the mean over ``samples`` answers per question."""
     for key, value in values.items():
-        if key.startswith(f"val-core/{source}/") and key.endswith("/mean@1") and "/acc/" in key:
+        if key.startswith(f"val-core/{source}/") and key.endswith(f"/mean@{samples}") and "/acc/" in key:
             return float(value)
     return None
 
 
-def kept_records(metrics: dict[int, dict[str, float]]) -> tuple[dict[str, dict], dict[str, dict]]:
+def kept_records(metrics: dict[int, dict[str, float]], samples: int = 1) -> tuple[dict[str, dict], dict[str, dict]]:
     """What a result file keeps of verl's metrics: the per-step values (KEEP_PREFIXES, rounded) and the held-out
     accuracies by step, ID and OOD."""
     steps, val = {}, {}
@@ -227,7 +228,7 @@ def kept_records(metrics: dict[int, dict[str, float]]) -> tuple[dict[str, dict],
                 and isinstance(v, int | float)}
         if kept:
             steps[str(step)] = kept
-        ind, ood = val_accuracy(values, ID_SOURCE), val_accuracy(values, OOD_SOURCE)
+        ind, ood = val_accuracy(values, ID_SOURCE, samples), val_accuracy(values, OOD_SOURCE, samples)
         if ind is not None or ood is not None:
             val[str(step)] = {"id": ind, "ood": ood}
     return steps, val

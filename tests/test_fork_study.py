@@ -41,7 +41,7 @@ def test_futures_switch_only_what_they_name_and_the_aa_future_has_another_rollou
         "exgrpo_uniform_buckets": ["exgrpo.sigma=1000.0"]}
     plan = fs.plan()
     assert [p.name for p in plan] == [f"hard/{s}" for s in range(5)] + [f"headroom/{s}" for s in range(3)]
-    assert plan[0].futures == fs.MAIN_FUTURES + fs.ABLATIONS and plan[3].futures == fs.MAIN_FUTURES
+    assert plan[0].futures == fs.MAIN_FUTURES and plan[3].futures == fs.MAIN_FUTURES + fs.ABLATIONS
     # the seeds' own switches reach the trunk and every future alike
     assert "data.seed=2" in fs._seed_overrides(plan[2]) and "exgrpo.seed=2" in fs._seed_overrides(plan[2])
 
