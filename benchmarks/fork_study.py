@@ -331,35 +331,125 @@ def gap(a: dict[str, Any], b: dict[str, Any], step: int, kind: str) -> float | N
     return None if x is None or y is None else x - y
 
 
+OFFSETS = (0, 5, 10, FUTURE_STEPS)
+STABILITY = (("exgrpo/groups_zero_variance", "zero-variance groups", 100.0),
+             ("actor/entropy", "entropy", 1.0), ("actor/grad_norm", "gradient norm", 1.0))
+
+
+def post_fork_mean(a: dict[str, Any], b: dict[str, Any], fork: int, kind: str) -> float | None:
+    """The mean of the paired difference over the validations after the fork (+1 .. +FUTURE_STEPS): one number per
+    seed that uses every validation, so less noisy than any single step."""
+    d = [g for o in range(1, FUTURE_STEPS + 1) if (g := gap(a, b, fork + o, kind)) is not None]
+    return statistics.fmean(d) if d else None
+
+
+def fresh_consumed(result: dict[str, Any], fork: int, batch_questions: int) -> dict[int, float]:
+    """Fresh questions a future has drawn since the fork, after each of its steps (0 at the fork). ExGRPO logs its
+    count (``exgrpo/fresh_questions``: the batch less the replayed questions); a GRPO future draws a whole batch."""
+    out, total = {fork: 0.0}, 0.0
+    for step in sorted(int(s) for s in result["steps"] if int(s) > fork):
+        total += result["steps"][str(step)].get("exgrpo/fresh_questions", batch_questions)
+        out[step] = total
+    return out
+
+
+def accuracy_at_fresh(result: dict[str, Any], fork: int, batch_questions: int, target: float, kind: str
+                      ) -> float | None:
+    """Held-out accuracy once ``target`` fresh questions are consumed, linear between the two validations around
+    it (None when the future never got that far)."""
+    used = fresh_consumed(result, fork, batch_questions)
+    points = sorted((used[s], v[kind]) for s_, v in result["val"].items()
+                    if (s := int(s_)) in used and v.get(kind) is not None)
+    for (q0, a0), (q1, a1) in zip(points, points[1:], strict=False):
+        if q0 <= target <= q1:
+            return a0 if q1 == q0 else a0 + (a1 - a0) * (target - q0) / (q1 - q0)
+    return None
+
+
+def batch_questions(trunk: dict[str, Any]) -> int:
+    """Questions per step: the trunk's first step, all fresh (ExGRPO before its latch)."""
+    first = trunk["steps"][min(trunk["steps"], key=int)]
+    return int(first["exgrpo/fresh_questions"] + first.get("exgrpo/replay_questions", 0))
+
+
+def post_fork_level(result: dict[str, Any], fork: int, key: str) -> float | None:
+    values = [v[key] for s, v in result["steps"].items() if int(s) > fork and key in v]
+    return statistics.fmean(values) if values else None
+
+
+def _cell(values: list[float], scale: float = 100.0) -> str:
+    return rs.fmt(*rs.mean_interval(values), scale=scale) if values else "n/a"
+
+
+def _label(name: str) -> str:
+    return f"{name} (A/A)" if name == "grpo_aa" else name
+
+
 def report(plots: Path | None) -> str:
     lines: list[str] = []
-    offsets = (0, 5, 10, FUTURE_STEPS)
     for regime, spec in REGIMES.items():
         seeds = load(regime)
         if not any("grpo" in runs for runs in seeds.values()):
             continue
+        names = [n for n in (*spec.futures, *ABLATIONS) if n != "grpo" and any(n in r and "grpo" in r
+                                                                               for r in seeds.values())]
         lines += [f"### `{regime}`: {spec.about}", ""]
-        forks = ", ".join(f"{s}: {r['trunk']['fork_step']}" for s, r in sorted(seeds.items()) if "trunk" in r)
-        lines += [f"Fork step per seed: {forks}. Points of held-out greedy accuracy, future − GRPO on the same fork, "
-                  "mean ± 95 % t interval over seeds (n); steps counted from the fork (0: the fork's own checkpoint, "
-                  "where every future holds the same weights).", ""]
-        lines.append("| future − GRPO | n | " + " | ".join(f"ID +{o}" for o in offsets) + " | "
-                     + " | ".join(f"OOD +{o}" for o in offsets) + " |")
-        lines.append("|---|---:|" + "---:|" * (2 * len(offsets)))
-        for name in (*spec.futures, *ABLATIONS):
-            if name == "grpo":
-                continue
+        forks = ", ".join(f"{s}: {r['trunk']['fork_step']} ({r['trunk']['fork_reason']})"
+                          for s, r in sorted(seeds.items()) if "trunk" in r)
+        lines += [f"Fork step per seed: {forks}.", "",
+                  f"**Per training step.** Held-out accuracy (mean of {VAL_SAMPLES} answers sampled at T = 1), "
+                  "future − GRPO on the same fork, in points: mean ± 95 % t interval over seeds (n). Steps counted "
+                  "from the fork (+0: the fork's own checkpoint, the same weights in every future, so +0 shows the "
+                  f"measurement's own noise); 'mean +1..+{FUTURE_STEPS}': each seed's difference averaged over every "
+                  "validation after the fork.", ""]
+        heads = [f"+{o}" for o in OFFSETS] + [f"mean +1..+{FUTURE_STEPS}"]
+        lines.append("| future − GRPO | n | " + " | ".join(f"ID {h}" for h in heads) + " | "
+                     + " | ".join(f"OOD {h}" for h in heads) + " |")
+        lines.append("|---|---:|" + "---:|" * (2 * len(heads)))
+        for name in names:
             paired = [r for r in seeds.values() if name in r and "grpo" in r]
-            if not paired:
-                continue
             cells = []
             for kind in ("id", "ood"):
-                for o in offsets:
-                    d = [g for r in paired if (g := gap(r[name], r["grpo"], r["trunk"]["fork_step"] + o, kind))
-                         is not None]
-                    cells.append(rs.fmt(*rs.mean_interval(d)) if d else "n/a")
-            label = f"{name} (A/A)" if name == "grpo_aa" else name
-            lines.append(f"| {label} | {len(paired)} | " + " | ".join(cells) + " |")
+                for o in OFFSETS:
+                    cells.append(_cell([g for r in paired if (g := gap(r[name], r["grpo"], r["trunk"]["fork_step"] + o,
+                                                                        kind)) is not None]))
+                cells.append(_cell([g for r in paired if (g := post_fork_mean(r[name], r["grpo"],
+                                                                               r["trunk"]["fork_step"], kind))
+                                    is not None]))
+            lines.append(f"| {_label(name)} | {len(paired)} | " + " | ".join(cells) + " |")
+        lines.append("")
+        # per fresh question: ExGRPO draws fewer fresh questions a step, so compare at equal consumption
+        with_exgrpo = [r for r in seeds.values() if "exgrpo" in r and "grpo" in r and "trunk" in r]
+        if with_exgrpo:
+            target = min(fresh_consumed(r["exgrpo"], r["trunk"]["fork_step"], batch_questions(r["trunk"]))
+                         [r["trunk"]["fork_step"] + FUTURE_STEPS] for r in with_exgrpo)
+            lines += [f"**Per fresh question.** Held-out accuracy once each future has drawn {target:.0f} fresh "
+                      f"questions after the fork (what ExGRPO draws in {FUTURE_STEPS} steps; GRPO, drawing a whole "
+                      "batch a step, gets there in fewer steps), and the difference to GRPO at that point.", "",
+                      "| future | n | ID | ID − GRPO | OOD | OOD − GRPO |", "|---|---:|---:|---:|---:|---:|"]
+            for name in ("grpo", *names):
+                runs = [r for r in seeds.values() if name in r and "grpo" in r and "trunk" in r]
+                cells = []
+                for kind in ("id", "ood"):
+                    at = [(accuracy_at_fresh(r[name], r["trunk"]["fork_step"], batch_questions(r["trunk"]), target,
+                                             kind),
+                           accuracy_at_fresh(r["grpo"], r["trunk"]["fork_step"], batch_questions(r["trunk"]), target,
+                                             kind)) for r in runs]
+                    cells.append(_cell([a for a, _ in at if a is not None]))
+                    cells.append("" if name == "grpo" else _cell([a - b for a, b in at
+                                                                   if a is not None and b is not None]))
+                lines.append(f"| {_label(name)} | {len(runs)} | " + " | ".join(c.lstrip("+") if i % 2 == 0 else c
+                                                                                 for i, c in enumerate(cells)) + " |")
+            lines.append("")
+        lines += [f"**Stability**, averaged over the {FUTURE_STEPS} steps after the fork: mean ± 95 % t interval over "
+                  "seeds (zero-variance groups: the share of groups whose rollouts all scored the same, in %).", "",
+                  "| future | n | " + " | ".join(label for _, label, _ in STABILITY) + " |",
+                  "|---|---:|" + "---:|" * len(STABILITY)]
+        for name in ("grpo", *names):
+            runs = [r for r in seeds.values() if name in r and "trunk" in r]
+            cells = [_cell([x for r in runs if (x := post_fork_level(r[name], r["trunk"]["fork_step"], key))
+                            is not None], scale).lstrip("+") for key, _, scale in STABILITY]
+            lines.append(f"| {_label(name)} | {len(runs)} | " + " | ".join(cells) + " |")
         lines.append("")
         if plots is not None:
             plot(regime, seeds, plots / f"fork_study_{regime}.png")
@@ -368,32 +458,50 @@ def report(plots: Path | None) -> str:
 
 
 def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -> None:
+    """Top: future − GRPO by step after the fork (mean over seeds), ID and OOD. Bottom: each future's held-out
+    accuracy against the fresh questions it has drawn since the fork (mean over seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6.4))
     names = [n for n in (*MAIN_FUTURES, *ABLATIONS) if any(n in r for r in seeds.values())]
     colours = dict(zip(names, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
-    for ax, kind in zip(axes, ("id", "ood"), strict=True):
+    for col, kind in enumerate(("id", "ood")):
+        top, bottom = axes[0][col], axes[1][col]
         for name in names:
             diffs: dict[int, list[float]] = {}
+            curve: dict[float, list[float]] = {}
             for r in seeds.values():
-                if name in r and "grpo" in r:
-                    fork = r["trunk"]["fork_step"]
-                    for o in range(FUTURE_STEPS + 1):
-                        if (g := gap(r[name], r["grpo"], fork + o, kind)) is not None:
-                            diffs.setdefault(o, []).append(g)
+                if name not in r or "trunk" not in r:
+                    continue
+                fork = r["trunk"]["fork_step"]
+                for o in range(FUTURE_STEPS + 1):
+                    if "grpo" in r and (g := gap(r[name], r["grpo"], fork + o, kind)) is not None:
+                        diffs.setdefault(o, []).append(g)
+                used = fresh_consumed(r[name], fork, batch_questions(r["trunk"]))
+                for s, v in r[name]["val"].items():
+                    if int(s) in used and v.get(kind) is not None:
+                        curve.setdefault(used[int(s)], []).append(v[kind])
             if name != "grpo" and diffs:
                 xs = sorted(diffs)
-                ax.plot(xs, [100 * statistics.fmean(diffs[x]) for x in xs], color=colours[name], label=name)
-        ax.axhline(0, color="grey", lw=0.8)
-        ax.set_title(f"{kind.upper()}: future − GRPO, mean over seeds (points)", fontsize=9)
-        ax.set_xlabel("steps after the fork")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"SmolLM2-135M, forked runs, regime '{regime}'", fontsize=10)
+                top.plot(xs, [100 * statistics.fmean(diffs[x]) for x in xs], color=colours[name], label=name)
+            if curve:
+                xs = sorted(curve)
+                bottom.plot(xs, [statistics.fmean(curve[x]) for x in xs], color=colours[name], label=name,
+                            marker=".", ms=3)
+        top.axhline(0, color="grey", lw=0.8)
+        top.set_title(f"{kind.upper()}: future − GRPO, per training step (points)", fontsize=9)
+        top.set_xlabel("steps after the fork")
+        bottom.set_title(f"{kind.upper()}: held-out accuracy per fresh question", fontsize=9)
+        bottom.set_xlabel("fresh questions drawn since the fork")
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    axes[1][0].legend(fontsize=7)
+    fig.suptitle(f"SmolLM2-135M, forked runs, regime '{regime}' (mean over seeds; held-out: mean of "
+                 f"{VAL_SAMPLES} samples at T = 1)", fontsize=10)
     rs.save_figure(fig, path)
 
 

@@ -46,9 +46,11 @@ def test_futures_switch_only_what_they_name_and_the_aa_future_has_another_rollou
     assert "data.seed=2" in fs._seed_overrides(plan[2]) and "exgrpo.seed=2" in fs._seed_overrides(plan[2])
 
 
-def _result(regime: str, run: str, seed: int, trunk_id: str, val: dict[int, tuple[float, float]], fork: int = 7):
+def _result(regime: str, run: str, seed: int, trunk_id: str, val: dict[int, tuple[float, float]], fork: int = 7,
+            steps: dict[int, dict[str, float]] | None = None):
     return {"regime": regime, "run": run, "seed": seed, "trunk_id": trunk_id, "fork_step": fork,
-            "val": {str(s): {"id": i, "ood": o} for s, (i, o) in val.items()}, "steps": {}}
+            "fork_reason": f"latch at step {fork - 1}", "val": {str(s): {"id": i, "ood": o} for s, (i, o) in val.items()},
+            "steps": {str(s): v for s, v in (steps or {}).items()}}
 
 
 def test_a_seed_is_done_only_with_every_future_of_its_own_trunk(tmp_path, monkeypatch):
@@ -75,25 +77,58 @@ def test_the_report_pairs_each_future_with_grpo_on_the_same_fork_and_shows_the_a
         "grpo_aa": {0: [(0.2, 0.4), (0.3, 0.4), (0.5, 0.5), (0.4, 0.5)], 1: [(0.1, 0.2), (0.2, 0.2), (0.2, 0.3), (0.4, 0.3)]},
     }
     for seed, fork in forks.items():
-        trunk = _result("hard", "trunk", seed, f"t{seed}", {}, fork)
+        # 8 questions a step before the latch; after the fork ExGRPO draws 4 fresh ones (4 replayed), GRPO all 8
+        trunk = _result("hard", "trunk", seed, f"t{seed}", {}, fork, {1: {"exgrpo/fresh_questions": 8.0}})
         (tmp_path / f"hard__trunk__seed{seed}.json").write_text(json.dumps(trunk))
         for name, by_seed in curves.items():
             val = {fork + o: v for o, v in zip((0, 5, 10, 15), by_seed[seed], strict=True)}
+            steps = {fork + o: {"exgrpo/groups_zero_variance": 0.25, "actor/entropy": 1.0 + seed}
+                     | ({"exgrpo/fresh_questions": 4.0} if name == "exgrpo" else {}) for o in range(1, 16)}
             (tmp_path / f"hard__{name}__seed{seed}.json").write_text(json.dumps(_result("hard", name, seed, f"t{seed}",
-                                                                                        val, fork)))
+                                                                                        val, fork, steps)))
     # a future of another trunk of seed 1 would be dropped
     stale = _result("hard", "exgrpo_no_shaping", 1, "old", {10: (0.9, 0.9), 25: (0.9, 0.9)}, 10)
     (tmp_path / "hard__exgrpo_no_shaping__seed1.json").write_text(json.dumps(stale))
     text = fs.report(plots=None)
-    assert "Fork step per seed: 0: 7, 1: 10." in text and "exgrpo_no_shaping" not in text
-    row = next(line for line in text.splitlines() if line.startswith("| exgrpo | 2 |"))
-    cells = [c.strip() for c in row.split("|")[3:-1]]
+    assert "Fork step per seed: 0: 7 (latch at step 6), 1: 10 (latch at step 9)." in text
+    assert "exgrpo_no_shaping" not in text
+    lines = text.splitlines()
+    row = next(line for line in lines if line.startswith("| exgrpo | 2 |"))
+    cells = [c.strip() for c in row.split("|")[3:-1]]  # ID +0 +5 +10 +15 mean, then OOD the same
     # ID at +15: 0.9 - 0.5 = 0.4 and 0.6 - 0.3 = 0.3 -> mean 0.35, sd 0.0707, half-width 12.706 * 0.0707 / sqrt(2)
     half = 12.706 * math.sqrt(0.005) / math.sqrt(2)
     assert cells[0] == "+0.0 ± 0.0" and cells[3] == f"+35.0 ± {100 * half:.1f}"
+    # the mean after the fork uses the validations there (+5, +10, +15): seed 0 (0.2 + 0.2 + 0.4) / 3, seed 1
+    # (0.1 + 0.3 + 0.3) / 3 -> 0.25 ± 12.706 * sd / sqrt(2)
+    per_seed = [0.8 / 3, 0.7 / 3]
+    sd = abs(per_seed[0] - per_seed[1]) / math.sqrt(2)
+    assert cells[4] == f"+25.0 ± {100 * 12.706 * sd / math.sqrt(2):.1f}"
     # OOD at +5: 0.1 and 0.1 -> +10.0, no spread
-    assert cells[5] == "+10.0 ± 0.0"
-    aa = next(line for line in text.splitlines() if line.startswith("| grpo_aa (A/A) | 2 |"))
+    assert cells[6] == "+10.0 ± 0.0"
+    aa = next(line for line in lines if line.startswith("| grpo_aa (A/A) | 2 |"))
     aa_cells = [c.strip() for c in aa.split("|")[3:-1]]
     # ID at +10: 0.1 and 0.0 -> mean 0.05, sd 0.0707; at +15: -0.1 and 0.1 -> mean 0
     assert aa_cells[2] == f"+5.0 ± {100 * half:.1f}" and aa_cells[3].startswith("+0.0 ± ")
+    # per fresh question: ExGRPO has drawn 15 * 4 = 60 after the fork; GRPO draws 8 a step, 40 at +5 and 80 at +10,
+    # so at 60 it sits half-way: seed 0 ID (0.3 + 0.4) / 2 = 0.35 against ExGRPO's 0.9; seed 1 0.2 against 0.6
+    assert "once each future has drawn 60 fresh questions" in text
+    fresh = [line for line in lines if line.startswith("| exgrpo | 2 |")][1]
+    f_cells = [c.strip() for c in fresh.split("|")[3:-1]]
+    d_sd = abs(0.55 - 0.4) / math.sqrt(2)
+    assert f_cells[0] == f"75.0 ± {100 * 12.706 * math.sqrt(0.045) / math.sqrt(2):.1f}"
+    assert f_cells[1] == f"+47.5 ± {100 * 12.706 * d_sd / math.sqrt(2):.1f}"
+    grpo_fresh = next(line for line in lines if line.startswith("| grpo | 2 |"))
+    assert grpo_fresh.split("|")[3].strip() == f"27.5 ± {100 * 12.706 * math.sqrt(0.01125) / math.sqrt(2):.1f}"
+    # stability: every step 25 % zero-variance groups; entropy 1.0 in seed 0 and 2.0 in seed 1
+    stab = [line for line in lines if line.startswith("| exgrpo | 2 |")][2]
+    assert [c.strip() for c in stab.split("|")[3:-1]] == ["25.0 ± 0.0", f"1.5 ± {12.706 * 0.5:.1f}", "n/a"]
+
+
+def test_held_out_accuracy_is_read_at_the_number_of_samples_the_study_asks_for():
+    import replay_study as rs
+
+    record = {"val-core/synthetic_arith/acc/mean@4": 0.25, "val-core/synthetic_arith/acc/best@4/mean": 0.9,
+              "val-core/synthetic_arith_ood/acc/mean@4": 0.5, "val-aux/synthetic_arith/acc/mean@1": 0.7}
+    _, val = rs.kept_records({3: record}, samples=fs.VAL_SAMPLES)
+    assert fs.VAL_SAMPLES == 4 and val == {"3": {"id": 0.25, "ood": 0.5}}
+    assert rs.kept_records({3: record})[1] == {}  # greedy keys (mean@1 under val-core) are absent here
