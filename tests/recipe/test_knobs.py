@@ -6,8 +6,8 @@ workers and trainer actually use: the instantiated actor worker on the CPU engin
 optimizer configs, the torch optimizer, the installed loss and its ActorConfig, the grad-norm guard), the
 RolloutConfig the rollout workers build, the resource pool the trainer asks Ray for, the reward function verl loads,
 and the keys verl's trainer reads from the config. A knob that is accepted but read nowhere (as
-`actor_rollout_ref.actor.grad_clip` was) fails here. The last test checks that the knob tables below cover every
-knob docs/gpu.md, docs/differences.md and the launcher's header name.
+`actor_rollout_ref.actor.grad_clip` was) fails here. The last tests check that the tables below cover every
+environment variable the launch layer reads and every setting the paper profile changes.
 """
 
 from __future__ import annotations
@@ -310,26 +310,60 @@ COVERED = set(ENV) | {"MODEL_PATH", "TRAIN_FILE", "VAL_FILE", "CHAT_TEMPLATE", "
     s.split("=", 1)[0].lstrip("+") for s in SWITCHES}
 
 
-def _backticked(text: str) -> set[str]:
-    return set(re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)`", text))
+# Environment variables the launch layer reads that are not ExGRPO knobs: which Python runs it, and verl's own
+# variables, which the launcher only extends (VERL_USE_EXTERNAL_MODULES) or defaults from CKPT_DIR.
+NOT_KNOBS = {"VIRTUAL_ENV", "VERL_USE_EXTERNAL_MODULES", "VERL_FILE_LOGGER_PATH"}
+# How the launch layer reads a variable of the user's: with a default or a required-message in bash, or through
+# hydra's resolver in a yaml of the recipe's config folder.
+ENV_READ = re.compile(r"\$\{([A-Z][A-Z0-9_]+):?[-?=]|oc\.env:([A-Z][A-Z0-9_]+)|exgrpo_require_env ([A-Z][A-Z0-9_]+)")
 
 
-def test_every_documented_knob_is_covered_by_these_tests():
-    launcher = (REPO / "run_scripts" / "_launch.sh").read_text()
-    header = launcher[: launcher.index("set -euo pipefail")]
-    env_section = header[header.index("# Environment (required"):]
-    named = set(re.findall(r"(?:^#\s+|\s{2})([A-Z][A-Z0-9_]{2,}) \(", env_section, flags=re.M))
-    assert {"N_GPUS_PER_NODE", "TOKENS_PER_GPU", "CPU_PRESET", "DRY_RUN"} <= named, named  # the parse works
-    gpu = (REPO / "docs" / "gpu.md").read_text()
-    knobs_paragraph = gpu[gpu.index("**Knobs (environment):**"):].split("\n\n")[0]
-    named |= {name for name in _backticked(knobs_paragraph) if name.isupper()}
-    differences = (REPO / "docs" / "differences.md").read_text()
-    table = differences[differences.index("| | difference | switch |"):].split("\n\n")[0]
-    switches = {name for line in table.splitlines()[2:] for name in _backticked(line.split("|")[3])}
-    switches = {f"actor_rollout_ref.{s}" if s.startswith("actor.") else s for s in switches}
-    assert "exgrpo.loss_horizon" in switches and "TOKENS_PER_GPU" in switches  # the parse works
-    missing = sorted((named | switches) - COVERED)
-    assert not missing, f"documented knobs no test reads back: {missing}"
+def _flat(node, prefix: str = "") -> dict:
+    out = {}
+    for key, value in node.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) and value else {f"{prefix}{key}": value})
+    return out
+
+
+def test_every_environment_knob_the_launch_layer_reads_is_covered_by_these_tests():
+    sources = [*(REPO / "run_scripts").glob("*.sh"), *(REPO / "recipe" / "exgrpo" / "config").rglob("*.yaml")]
+    sources = [path for path in sources if path.name not in {"cpu_tiny_exgrpo.sh", "run_tests.sh"}  # the runner's,
+               and not path.name.startswith(("install_", "freeze_", "eval_", "_env"))]  # set-up and evaluation
+    read = {name for path in sources for match in ENV_READ.finditer(path.read_text()) for name in match.groups()
+            if name}
+    assert {"MODEL_PATH", "N_GPUS_PER_NODE", "TOKENS_PER_GPU", "DRY_RUN"} <= read, read  # the scan finds them
+    missing = sorted(read - NOT_KNOBS - COVERED)
+    assert not missing, f"environment knobs the launch layer reads and no test here sets and reads back: {missing}"
+
+
+def test_every_setting_the_paper_profile_changes_is_a_switch_these_tests_read_back(tmp_path, tiny_model_dir):
+    """The paper profile's differences from the recipe's defaults are what a user switches one by one (the
+    `| difference | switch |` table of docs/differences.md); each must be a switch set above, so its arrival is
+    tested. The environment knobs are pinned to one value for both profiles, so what is left is the profiles'."""
+    (tmp_path / "data").mkdir()
+    one_row_parquet(tmp_path / "data" / "train.parquet")
+    one_row_parquet(tmp_path / "data" / "valid.parquet")
+    env = {**ENV, "MODEL_PATH": str(tiny_model_dir), "TRAIN_FILE": "data/train.parquet",
+           "VAL_FILE": "data/valid.parquet", "DRY_RUN": "1"}
+    flat = {}
+    for profile in ("paper", "recipe"):
+        result = run_script(SCRIPT, {**env, "EXGRPO_PROFILE": profile}, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        flat[profile] = _flat(OmegaConf.to_container(compose_config(result.stdout.splitlines()), resolve=True))
+    changed = {key for key in flat["paper"].keys() | flat["recipe"].keys()
+               if flat["paper"].get(key, "<absent>") != flat["recipe"].get(key, "<absent>")}
+    # verl's interpolated copies follow their source; the recipe profile writes verl's loss_scale_factor where the
+    # paper profile sets exgrpo.loss_horizon (from which the recipe computes that factor at start-up).
+    copies = {key for key in changed if key.startswith("actor_rollout_ref.exgrpo.")} | {"critic.loss_scale_factor"}
+    for copy in copies & changed:
+        source = copy.removeprefix("actor_rollout_ref.") if copy.startswith("actor_rollout_ref.exgrpo.") else (
+            "actor_rollout_ref.actor.loss_scale_factor")
+        assert flat["paper"].get(copy) == flat["paper"].get(source), copy
+    derived = {"actor_rollout_ref.actor.loss_scale_factor": "exgrpo.loss_horizon"}
+    switched = {switch.split("=", 1)[0].lstrip("+") for switch in SWITCHES}
+    assert {"exgrpo.loss_horizon", "exgrpo.skip_step_grad_norm"} <= changed  # the comparison sees the profile
+    missing = sorted(key for key in changed - copies if derived.get(key, key) not in switched)
+    assert not missing, f"settings the paper profile changes that no switch here sets and reads back: {missing}"
 
 
 def test_the_tables_here_name_only_real_keys():
