@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from exgrpo.algorithm.config import ExGRPOConfig
@@ -25,12 +25,24 @@ TRAINER_MODES = ("sync", "colocate_async")
 class RecipeSettings:
     """The recipe-only keys of the ``exgrpo:`` section."""
 
-    seed: int = 0
-    allow_empty_pool_on_resume: bool = False
-    score_max_token_len_per_gpu: int | None = None
-    # The authors' loss scale: each micro-batch's token-loss sum divided by this many tokens, averaged over ranks.
-    # Sets actor.loss_scale_factor at start-up from the resolved data-parallel size and mini-batch (null: unset).
-    loss_horizon: int | None = None
+    seed: int = field(default=0, metadata={"help": "Seed of the pool's sampling RNG (its state is checkpointed)."})
+    allow_empty_pool_on_resume: bool = field(
+        default=False,
+        metadata={"help": f"On resume the pool file global_step_N/{POOL_FILE_NAME} must exist and load; true starts a "
+                  "resumed run with an empty pool (and the latch off) instead of failing."},
+    )
+    score_max_token_len_per_gpu: int | None = field(
+        default=None,
+        metadata={"help": "Token budget of one candidate-scoring forward chunk per GPU (the entropy scoring of stored "
+                  "trajectories); null = actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu."},
+    )
+    loss_horizon: int | None = field(
+        default=None,
+        metadata={"help": "The authors' loss scale (the paper profile: ${data.max_response_length}): each "
+                  "micro-batch's token-loss sum divided by this many tokens, averaged over ranks. Sets "
+                  "actor.loss_scale_factor at start-up from the resolved data-parallel size and mini-batch; null "
+                  "leaves loss_scale_factor as given."},
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
@@ -63,20 +75,31 @@ def plain_section(section: Any) -> dict[str, Any]:
     return dict(section)
 
 
+def parse_section(section: Any) -> tuple[ExGRPOConfig, RecipeSettings]:
+    """The ``exgrpo`` section (an OmegaConf node or a mapping) as the core config and the recipe options.
+
+    The one conversion of the section: the driver's :func:`load_settings` and the actor worker (which receives only
+    its own config subtree, already checked on the driver) both go through it.
+    """
+    values = plain_section(section)
+    try:
+        core = ExGRPOConfig.from_dict(values, ignore=RECIPE_ONLY_KEYS)
+    except ValueError as error:  # named as the user wrote it: the yaml section, not the core's class
+        raise ValueError(str(error).replace("ExGRPOConfig.", "exgrpo.")) from None
+    return core, RecipeSettings(**{k: values[k] for k in RECIPE_ONLY_KEYS if k in values})
+
+
 def load_settings(config: Any) -> tuple[ExGRPOConfig, RecipeSettings]:
     """Split the full trainer config's ``exgrpo:`` section into the core config and the recipe options.
+
+    Called once per launch, on the driver (``main_exgrpo``), which hands the result to the trainer.
 
     ``n_rollouts`` must equal ``actor_rollout_ref.rollout.n``: the yaml ties them by interpolation, and an
     explicit override that breaks the tie is an error rather than a silently wrong group size.
     """
     if "exgrpo" not in config:
         raise ValueError("the config has no top-level 'exgrpo' section (use recipe/exgrpo/config/exgrpo_trainer.yaml)")
-    section = plain_section(config["exgrpo"])
-    try:
-        core = ExGRPOConfig.from_dict(section, ignore=RECIPE_ONLY_KEYS)
-    except ValueError as error:  # named as the user wrote it: the yaml section, not the core's class
-        raise ValueError(str(error).replace("ExGRPOConfig.", "exgrpo.")) from None
-    recipe = RecipeSettings(**{k: section[k] for k in RECIPE_ONLY_KEYS if k in section})
+    core, recipe = parse_section(config["exgrpo"])
     rollout_n = int(config["actor_rollout_ref"]["rollout"]["n"])
     if core.n_rollouts != rollout_n:
         raise ValueError(
