@@ -42,9 +42,10 @@ def run(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     rows = [json.loads(line) for line in Path(result["summary"]["metrics"]).read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0 and "loss" in r]
     # binary arms: the reward is 0/1, so the mean reward and the share at the maximum are both fresh_acc
-    result["fresh"] = [{"step": r["step"], "latch_value": r["fresh_acc"],
-                        "reward": r.get("fresh_reward", r["fresh_acc"]),
-                        "at_max": r.get("fresh_at_max", r["fresh_acc"]), "active": r.get("pool/active", 0.0),
+    result["fresh"] = [{"step": r["step"], "latch_value": r["exgrpo/fresh_acc"],
+                        "reward": r.get("fresh_reward", r["exgrpo/fresh_acc"]),
+                        "at_max": r.get("fresh_at_max", r["exgrpo/fresh_acc"]),
+                        "active": r.get("exgrpo/pool/active", 0.0),
                         "mixed": r["mixed_groups"]} for r in steps]
     return result
 

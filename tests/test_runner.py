@@ -12,19 +12,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exgrpo.algorithm.composition import StepPlan, plan_step
 from exgrpo.algorithm.config import ExGRPOConfig
 from exgrpo.algorithm.pool import ExperiencePool
 from exgrpo.embedded.runner import (
     KERNEL_ISA_FLAGS,
     KERNEL_PINS,
-    FreshStream,
     Question,
-    compose_batch,
     cpu_description,
     environment,
     eval_scorer_kind,
     format_environment,
     format_summary,
+    fresh_stream,
     load_config,
     load_questions,
     local_score,
@@ -41,24 +41,35 @@ def _questions(n: int) -> list[Question]:
 
 
 # ----------------------------------------------------------------------------------------------- composition
+class _Retired(set):
+    """The one question a stream asks of a pool: whether a question is retired."""
+
+    def is_retired(self, qid: str) -> bool:
+        return qid in self
+
+
+def _take(stream, n: int, retired: set[str] = frozenset(), exclude: tuple[str, ...] = ()) -> list[str]:
+    return [item.qid for item in stream.draw(n, _Retired(retired), set(exclude), StepPlan())]
+
+
 def test_stream_defers_excluded_questions_and_drops_retired_ones():
-    stream = FreshStream(_questions(10), seed=0)
-    order = [q.qid for q in FreshStream(_questions(10), seed=0).take(10, lambda q: False)]
-    first = stream.take(3, lambda q: False, exclude=[order[0]])
-    assert [q.qid for q in first] == order[1:4]
-    assert stream.take(1, lambda q: False)[0].qid == order[0]  # deferred, not lost
+    stream = fresh_stream(_questions(10), seed=0)
+    order = _take(fresh_stream(_questions(10), seed=0), 10)
+    first = _take(stream, 3, exclude=(order[0],))
+    assert first == order[1:4]
+    assert _take(stream, 1) == [order[0]]  # deferred, not lost
     retired = set(order[4:6])
-    rest = [q.qid for q in stream.take(4, retired.__contains__)]
+    rest = _take(stream, 4, retired)
     assert rest == order[6:10]
     assert stream.consumed == 8
-    nxt = [q.qid for q in stream.take(8, retired.__contains__)]  # a new pass: retired ones never come back
+    nxt = _take(stream, 8, retired)  # a new pass: retired ones never come back
     assert len(set(nxt)) == 8 and not retired & set(nxt)
 
 
 def test_stream_fails_clearly_when_everything_is_retired():
-    stream = FreshStream(_questions(5), seed=0)
+    stream = fresh_stream(_questions(5), seed=0)
     with pytest.raises(RuntimeError, match="retired"):
-        stream.take(1, lambda q: True)
+        _take(stream, 1, {f"q{i}" for i in range(5)})
 
 
 @settings(max_examples=60, deadline=None)
@@ -78,11 +89,12 @@ def test_compose_batch_follows_spec(n_questions, batch_size, rho, seed, steps):
     held = {q.qid for q in questions if q.qid in pool}
     retired = {q.qid for q in questions if pool.is_retired(q.qid)}
     live = n_questions - len(retired)
-    stream = FreshStream(questions, seed)
+    stream = fresh_stream(questions, seed)
     for _ in range(steps):
         if live < batch_size:
             break
-        fresh, replay = compose_batch(stream, pool, cfg, batch_size)
+        plan = plan_step(batch_size, cfg, pool, stream)
+        fresh, replay = plan.fresh, plan.replay_qids
         fresh_ids = [q.qid for q in fresh]
         assert len(fresh) + len(replay) == batch_size
         assert len(set(fresh_ids + replay)) == batch_size
@@ -94,9 +106,9 @@ def test_compose_batch_follows_spec(n_questions, batch_size, rho, seed, steps):
 
 def test_compose_batch_without_pool_is_all_fresh_and_respects_the_budget():
     cfg = ExGRPOConfig(enable=False)
-    stream = FreshStream(_questions(20), seed=1)
-    fresh, replay = compose_batch(stream, None, cfg, 8, budget_left=5)
-    assert replay == [] and len(fresh) == 5 and stream.consumed == 5
+    stream = fresh_stream(_questions(20), seed=1)
+    plan = plan_step(8, cfg, None, stream, fresh_budget=5)
+    assert plan.replay_qids == [] and len(plan.fresh) == 5 and stream.consumed == 5
 
 
 # ----------------------------------------------------------------------------------------------- config, reward
@@ -165,10 +177,10 @@ def test_two_step_smoke_fills_the_pool_replays_and_stays_finite(smoke_root):
     rows = _metrics(summary)
     steps = [r for r in rows if r["step"] > 0 and "loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
-    assert steps[0]["pool/questions"] > 0 and steps[0]["replay_questions"] == 0
-    assert steps[1]["replay_questions"] == min(16, steps[0]["pool/questions"])
+    assert steps[0]["exgrpo/pool/questions"] > 0 and steps[0]["exgrpo/replay_questions"] == 0
+    assert steps[1]["exgrpo/replay_questions"] == min(16, steps[0]["exgrpo/pool/questions"])
     assert steps[1]["replay_reward"] == 1.0  # stored token ids decode back to correct answers
-    assert all(r["fresh_questions"] + r["replay_questions"] == 32 for r in steps)
+    assert all(r["exgrpo/fresh_questions"] + r["exgrpo/replay_questions"] == 32 for r in steps)
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in steps)
     assert steps[1]["exgrpo/replay_token_share"] > 0
     assert summary["first_replay_step"] == 2 and summary["replay_share"] > 0
@@ -188,7 +200,7 @@ def test_same_seed_same_run(smoke_root):
 def test_disabled_is_plain_grpo(smoke_root):
     summary = train(_smoke_config(smoke_root, "grpo", ("exgrpo.enable=false", "exgrpo.start_acc=0.0")))
     steps = [r for r in _metrics(summary) if r["step"] > 0 and "loss" in r]
-    assert all(r["replay_questions"] == 0 and r["fresh_questions"] == 32 for r in steps)
+    assert all(r["exgrpo/replay_questions"] == 0 and r["exgrpo/fresh_questions"] == 32 for r in steps)
     assert summary["pool_questions"] == 0 and summary["retired"] == 0 and summary["mode"] == "grpo"
 
 
@@ -203,12 +215,12 @@ def test_authors_switches_skip_large_gradient_steps_and_retire_before_the_start(
     extra = ("exgrpo.start_acc=1.0", "exgrpo.retire_before_start=true", "trainer.plot=false", "exgrpo.n_rollouts=2",
              "model.warm_start_steps=200")
     steps = [r for r in _metrics(train(_smoke_config(smoke_root, "retire", extra))) if r["step"] > 0 and "loss" in r]
-    retired = [r.get("collect/retired", 0) for r in steps]
-    assert sum(retired) > 0 and [r["pool/retired"] for r in steps] == [retired[0], retired[0] + retired[1]]
-    assert all(r["pool/questions"] == 0 and r["replay_questions"] == 0 for r in steps)
+    retired = [r["exgrpo/outcome_retired"] for r in steps]
+    assert sum(retired) > 0 and [r["exgrpo/pool/retired"] for r in steps] == [retired[0], retired[0] + retired[1]]
+    assert all(r["exgrpo/pool/questions"] == 0 and r["exgrpo/replay_questions"] == 0 for r in steps)
     off = [r for r in _metrics(train(_smoke_config(smoke_root, "no_retire", extra[:1] + extra[2:])))
            if r["step"] > 0 and "loss" in r]
-    assert all(r["pool/retired"] == 0 for r in off)
+    assert all(r["exgrpo/pool/retired"] == 0 for r in off)
 
 
 def _run_in_fresh_process(root: Path, out: str, cache: str) -> list[dict]:
@@ -238,7 +250,7 @@ def test_same_seed_same_numbers_in_fresh_processes_with_the_warm_start_built_or_
     built_a = _run_in_fresh_process(tmp_path, "a", "models_a")
     built_b = _run_in_fresh_process(tmp_path, "b", "models_b")
     loaded = _run_in_fresh_process(tmp_path, "c", "models_a")
-    assert len(built_a) > 3 and any("replay_questions" in r for r in built_a)
+    assert len(built_a) > 3 and any("exgrpo/replay_questions" in r for r in built_a)
     assert built_a == built_b == loaded
     # the command ran on the pinned kernels, whatever this CPU offers beyond AVX2
     if torch.cpu._is_avx2_supported() and torch.backends.mkl.is_available():
@@ -398,18 +410,20 @@ def test_continuous_run_latches_on_mean_reward_stores_graded_successes_replays_t
 
     # the delayed start: fresh_acc is the mean fresh reward normalised by [0, 1], and the latch fires on it
     for r in steps:
-        assert r["fresh_acc"] == pytest.approx(r["fresh_reward"]) and 0 <= r["fresh_at_max"] <= r["fresh_reward"]
-        assert r["pool/active"] == float(any(s["fresh_acc"] > 0.35 for s in steps if s["step"] <= r["step"]))
-    latched = [r["step"] for r in steps if r["pool/active"]]
+        assert r["exgrpo/fresh_acc"] == pytest.approx(r["fresh_reward"])
+        assert 0 <= r["fresh_at_max"] <= r["fresh_reward"]
+        assert r["exgrpo/pool/active"] == float(
+            any(s["exgrpo/fresh_acc"] > 0.35 for s in steps if s["step"] <= r["step"]))
+    latched = [r["step"] for r in steps if r["exgrpo/pool/active"]]
     assert latched and all(p[0] >= latched[0] for p in pool.log)  # nothing collected before the latch
     assert summary["first_replay_step"] == latched[0] + 1
     # ... which partial credit reaches before exact answers would: a binary run's fresh_acc would be fresh_at_max
     assert steps[latched[0] - 1]["fresh_at_max"] <= 0.35
 
     # replay inserted: replayed questions took batch slots and their stored trajectories reached the loss
-    replayed = [r for r in steps if r["replay_questions"]]
+    replayed = [r for r in steps if r["exgrpo/replay_questions"]]
     assert replayed and all(r["exgrpo/replay_token_share"] > 0 for r in replayed)
-    assert all(r["fresh_questions"] + r["replay_questions"] == 32 for r in steps)
+    assert all(r["exgrpo/fresh_questions"] + r["exgrpo/replay_questions"] == 32 for r in steps)
 
     # every decision the pool took follows the continuous rule
     by_group = {}
@@ -425,7 +439,7 @@ def test_continuous_run_latches_on_mean_reward_stores_graded_successes_replays_t
     retired = [p for p in pool.log if p[3] == "retired"]
     assert retired and all(pool.is_retired(qid) and qid not in pool for _, qid, _, _ in retired)
     assert all(rw != [1.0] * len(rw) or out == "retired" for _, _, rw, out in pool.log)  # retire_after = 1
-    assert sum(r["mixed_groups"] for r in steps if r["pool/active"]) == sum(
+    assert sum(r["mixed_groups"] for r in steps if r["exgrpo/pool/active"]) == sum(
         max(rw) != min(rw) for _, _, rw, _ in pool.log)
 
     # stored rewards are graded (not 0/1), above their group's mean, and what the reward gives their tokens
@@ -444,8 +458,8 @@ def test_continuous_run_latches_on_mean_reward_stores_graded_successes_replays_t
         assert pool.bucket_of(qid) == round(min(float(np.std(rewards)) / 0.5, 1.0) * 2) / 2
 
     # visible: spread-bucket metrics, and the saved pool as the inspector reads it
-    assert any(k.startswith("pool/spread_bucket_") for k in steps[-1]) and not any(
-        k.startswith("pool/bucket_") for r in steps for k in r)
+    assert any(k.startswith("exgrpo/pool/spread_bucket_") for k in steps[-1]) and not any(
+        k.startswith("exgrpo/pool/bucket_") for r in steps for k in r)
     report = inspect(Path(cfg.trainer.output_dir) / "exgrpo_pool.npz")
     assert report["bucket_proxy"] == "reward spread" and report["trajectories"] == len(stored)
     assert report["stored_reward"]["min"] == pytest.approx(min(t.reward for _, t in stored))
@@ -461,10 +475,10 @@ def test_plot_labels_the_difficulty_proxy_it_shows(tmp_path, monkeypatch, reward
     save = matplotlib.figure.Figure.savefig
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
                         lambda fig, *a, **k: (figures.append(fig), save(fig, *a, **k)))
-    prefix = "pool/bucket_" if reward_type == "binary" else "pool/spread_bucket_"
+    prefix = "exgrpo/pool/bucket_" if reward_type == "binary" else "exgrpo/pool/spread_bucket_"
     history = [{"step": 0, "test/acc": 0.1}] + [
-        {"step": s, "fresh_acc": 0.4, "fresh_at_max": 0.1, "pool/questions": s, "pool/retired": 0,
-         "replay_questions": 1, f"{prefix}0.250": s, f"{prefix}1.000": 1} for s in (1, 2)]
+        {"step": s, "exgrpo/fresh_acc": 0.4, "fresh_at_max": 0.1, "exgrpo/pool/questions": s,
+         "exgrpo/pool/retired": 0, "exgrpo/replay_questions": 1, f"{prefix}0.250": s, f"{prefix}1.000": 1} for s in (1, 2)]
     plot(history, tmp_path / "plot.png", reward_type=reward_type)
     fig = figures[-1]
     ylabels = {ax.get_ylabel() for ax in fig.axes}

@@ -18,7 +18,7 @@ import verl_twin_timing  # noqa: E402
 
 def write_runner(folder: Path, accs: dict[int, float], finished: bool = True) -> None:
     folder.mkdir(parents=True)
-    lines = [{"step": s, "test/acc": a, "fresh_acc": 0.5} for s, a in accs.items()] + [{"step": 99, "loss": 0.1}]
+    lines = [{"step": s, "test/acc": a, "exgrpo/fresh_acc": 0.5} for s, a in accs.items()] + [{"step": 99, "loss": 0.1}]
     (folder / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     if finished:
         (folder / "summary.json").write_text("{}")

@@ -9,7 +9,12 @@ not depend on how rows are padded: every function here takes an explicit mask al
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 import torch
+
+from exgrpo.algorithm.pool import ExperiencePool, Trajectory
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -43,3 +48,49 @@ def select_lowest_entropy(scores: torch.Tensor | list[float]) -> int:
         raise ValueError("every candidate has an empty response mask; nothing to select")
     masked = torch.where(finite, values, torch.full_like(values, float("inf")))
     return int(torch.argmin(masked))
+
+
+@dataclass(frozen=True)
+class ChosenMember:
+    """The stored trajectory a replayed question contributes, with what its choice saw."""
+
+    trajectory: Trajectory
+    entropy: float | None  # its mean token entropy under the current policy; None when it was not scored
+    n_candidates: int
+
+
+# (position of the question in the step's replay list, one stored trajectory of it) -> mean token entropies
+EntropyScorer = Callable[[list[tuple[int, Trajectory]]], Sequence[float]]
+
+
+def choose_members(
+    pool: ExperiencePool, qids: Sequence[str], select: str, score: EntropyScorer, score_single: bool = False
+) -> list[ChosenMember | None]:
+    """Each replayed question's stored member: the lowest mean entropy under the current policy, or a uniform pick
+    from the pool's RNG with ``select="random"``; None for a question the pool no longer holds.
+
+    Only the engine knows how to run its policy, so it passes ``score``, called once with every candidate that
+    needs scoring (question order, then the pool's order), for one batched forward. A question with a single
+    candidate needs no score unless ``score_single`` asks for its entropy as a metric.
+    """
+    chosen: list[ChosenMember | None] = [None] * len(qids)
+    to_score: list[tuple[int, list[Trajectory]]] = []
+    for i, qid in enumerate(qids):
+        candidates = pool.candidates(qid) if qid in pool else []
+        if not candidates:  # gone while its group was in flight (the global token cap): K - 1 fresh members
+            continue
+        if select == "random":
+            chosen[i] = ChosenMember(candidates[pool.choose_random(len(candidates))], None, len(candidates))
+        elif len(candidates) == 1 and not score_single:
+            chosen[i] = ChosenMember(candidates[0], None, 1)
+        else:
+            to_score.append((i, candidates))
+    if to_score:
+        scores = list(score([(i, c) for i, candidates in to_score for c in candidates]))
+        offset = 0
+        for i, candidates in to_score:
+            own = scores[offset : offset + len(candidates)]
+            offset += len(candidates)
+            pick = select_lowest_entropy(own)
+            chosen[i] = ChosenMember(candidates[pick], float(own[pick]), len(candidates))
+    return chosen

@@ -22,7 +22,7 @@ import platform
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,10 +34,12 @@ import yaml
 
 from exgrpo import cli
 from exgrpo.algorithm.advantage import grpo_advantages
+from exgrpo.algorithm.collection import FreshGroup, collect_step
+from exgrpo.algorithm.composition import FreshStream, plan_step
 from exgrpo.algorithm.config import ExGRPOConfig
 from exgrpo.algorithm.objective import aggregate_loss, exgrpo_policy_loss
 from exgrpo.algorithm.pool import ExperiencePool, Trajectory, bucket_metric_prefix
-from exgrpo.algorithm.selection import mean_token_entropy, select_lowest_entropy, token_entropy
+from exgrpo.algorithm.selection import EntropyScorer, choose_members, mean_token_entropy, token_entropy
 from exgrpo.cli import InputError
 from exgrpo.embedded import tiny_model as tm
 
@@ -236,33 +238,27 @@ def rl_subset(questions: Sequence[Question], n: int | None, seed: int) -> list[Q
     return [q for q in questions if q.qid in chosen]
 
 
-class FreshStream:
-    """Shuffled passes over the training questions; retired ones are dropped, excluded ones wait their turn."""
+class ShuffledPasses:
+    """The runner's supply of fresh questions: shuffled passes over the training questions, one per epoch.
+
+    The step's rules (deferral, retired questions, the replay draw) are the core's :func:`plan_step`; what a pass is
+    and how it is shuffled is the runner's own, seeded by ``trainer.seed``.
+    """
 
     def __init__(self, questions: Sequence[Question], seed: int) -> None:
         self.questions, self.rng, self.queue = list(questions), random.Random(seed), []
-        self.consumed = 0
 
-    def take(self, n: int, is_retired: Callable[[str], bool], exclude: Iterable[str] = ()) -> list[Question]:
-        excluded, out, deferred, looked = set(exclude), [], [], 0
-        while len(out) < n:
-            if not self.queue:
-                order = self.questions[:]
-                self.rng.shuffle(order)
-                self.queue = order[::-1]  # pop() from the end = front of the shuffled order
-            q = self.queue.pop()
-            looked += 1
-            if looked > 2 * len(self.questions) + n:
-                raise RuntimeError("every training question is retired or excluded: nothing left to train on")
-            if is_retired(q.qid):
-                continue
-            if q.qid in excluded or any(q.qid == o.qid for o in out):
-                deferred.append(q)
-                continue
-            out.append(q)
-        self.queue.extend(reversed(deferred))
-        self.consumed += len(out)
-        return out
+    def __call__(self) -> Question:
+        if not self.queue:
+            order = self.questions[:]
+            self.rng.shuffle(order)
+            self.queue = order[::-1]  # pop() from the end = front of the shuffled order
+        return self.queue.pop()
+
+
+def fresh_stream(questions: Sequence[Question], seed: int) -> FreshStream:
+    """The core's fresh-question stream over shuffled passes of ``questions``."""
+    return FreshStream(ShuffledPasses(questions, seed), lambda q: q.qid, len(questions))
 
 
 # ----------------------------------------------------------------------------------------------- reward
@@ -322,44 +318,21 @@ def evaluate(model: Any, tokenizer: Any, questions: Sequence[Question], cfg: Run
     return result
 
 
-def compose_batch(stream: FreshStream, pool: ExperiencePool | None, xc: ExGRPOConfig, batch_size: int,
-                  budget_left: float = math.inf) -> tuple[list[Question], list[str]]:
-    """Batch composition: n_r replay questions from an active pool, the rest fresh; no question twice, none retired.
+def entropy_scorer(model: Any, prompts: dict[str, torch.Tensor], qids: Sequence[str], temperature: float,
+                   pad_id: int) -> EntropyScorer:
+    """Mean token entropies of stored candidates under the current policy, in one no-grad forward (the runner's
+    engine part of :func:`choose_members`)."""
 
-    Fresh questions are drawn first and excluded from replay; if the pool cannot give n_r questions, the
-    missing slots go to further fresh questions (never a slot unused, never a drawn question dropped).
-    """
-    is_retired = pool.is_retired if pool is not None else (lambda qid: False)
-    n_replay = xc.n_replay(batch_size, len(pool)) if pool is not None and pool.active else 0
-    fresh = stream.take(int(min(batch_size - n_replay, budget_left)), is_retired)
-    replay = pool.sample(n_replay, exclude=[q.qid for q in fresh]) if n_replay else []
-    if len(replay) < n_replay:
-        fresh += stream.take(int(min(n_replay - len(replay), budget_left - len(fresh))), is_retired,
-                             exclude=replay + [q.qid for q in fresh])
-    return fresh, replay
+    @torch.no_grad()
+    def score(candidates: list[tuple[int, Trajectory]]) -> list[float]:
+        responses = tm.pad_responses([t.token_ids.tolist() for _, t in candidates], pad_id)
+        rows = torch.stack([prompts[qids[i]] for i, _ in candidates])
+        logits = tm.response_logits(model, rows, responses) / temperature
+        lengths = torch.tensor([len(t.token_ids) for _, t in candidates])
+        mask = torch.arange(responses.shape[1])[None, :] < lengths[:, None]
+        return mean_token_entropy(token_entropy(logits), mask).tolist()
 
-
-@torch.no_grad()
-def select_replay(model: Any, pool: ExperiencePool, prompts: dict[str, torch.Tensor], qids: Sequence[str],
-                  cfg: RunConfig, pad_id: int) -> tuple[list[Trajectory], list[float]]:
-    """Each replay question's stored success with the lowest mean token entropy (one no-grad forward)."""
-    cands = [pool.candidates(q) for q in qids]
-    if cfg.exgrpo.select == "random":
-        return [c[pool.choose_random(len(c))] for c in cands], []
-    flat = [t for c in cands for t in c]
-    responses = tm.pad_responses([t.token_ids.tolist() for t in flat], pad_id)
-    rows = torch.stack([prompts[q] for q, c in zip(qids, cands, strict=True) for _ in c])
-    logits = tm.response_logits(model, rows, responses) / cfg.trainer.temperature
-    lengths = torch.tensor([len(t.token_ids) for t in flat])
-    mask = torch.arange(responses.shape[1])[None, :] < lengths[:, None]
-    scores = mean_token_entropy(token_entropy(logits), mask)
-    chosen, entropies, offset = [], [], 0
-    for c in cands:
-        best = select_lowest_entropy(scores[offset:offset + len(c)])
-        chosen.append(c[best])
-        entropies.append(float(scores[offset + best]))
-        offset += len(c)
-    return chosen, entropies
+    return score
 
 
 def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
@@ -390,7 +363,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
                           strict=True))
     by_qid = {q.qid: q for q in train_qs}
     pool = pool if pool is not None else ExperiencePool(xc, seed=tc.seed)
-    stream = FreshStream(rl_subset(train_qs, cfg.data.rl_questions, cfg.data.seed), tc.seed)
+    stream = fresh_stream(rl_subset(train_qs, cfg.data.rl_questions, cfg.data.seed), tc.seed)
     gen = torch.Generator().manual_seed(tc.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
     metrics_file = (out_dir / "metrics.jsonl").open("w")
@@ -406,10 +379,15 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
     for step in bar:
         if tc.fresh_question_budget is not None and stream.consumed >= tc.fresh_question_budget:
             break
-        # 1. batch composition: fresh first, then replay questions that are not also fresh
+        # 1. batch composition: fresh first, then replay questions that are not also fresh; each replayed
+        # question's stored member, the lowest-entropy one under the current policy
         budget_left = math.inf if tc.fresh_question_budget is None else tc.fresh_question_budget - stream.consumed
-        fresh, replay = compose_batch(stream, pool if xc.enable else None, xc, tc.batch_size, budget_left)
-        chosen, chosen_entropy = select_replay(model, pool, prompt_ids, replay, cfg, pad) if replay else ([], [])
+        plan = plan_step(tc.batch_size, xc, pool, stream, fresh_budget=budget_left)
+        fresh, replay = [item.row for item in plan.fresh], plan.replay_qids
+        scorer = entropy_scorer(model, prompt_ids, replay, tc.temperature, pad)
+        members = choose_members(pool, replay, xc.select, scorer, score_single=True) if replay else []
+        chosen = [m.trajectory for m in members]
+        chosen_entropy = [m.entropy for m in members if m.entropy is not None]
         # 2. rollouts: K per fresh question, K - 1 per replay question, then the stored trajectory
         groups = [(q.qid, K) for q in fresh] + [(qid, K - 1) for qid in replay]
         row_qids = [qid for qid, n in groups for _ in range(n)]
@@ -459,24 +437,15 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
             opt.step()
         # 5. collection from fresh rollouts only, once the delayed start has latched
         fresh_rewards = rewards[:n_fresh_rows]
-        # the latch's rule: binary, the share of correct rollouts; continuous, the mean reward normalised to [0, 1]
-        fresh_acc = pool.success_rate(fresh_rewards.tolist())
-        outcomes: dict[str, int] = {}
+        fresh_groups, row = [], 0
+        for index, (qid, n) in enumerate(groups):
+            rows = range(row, row + n)
+            row += n
+            fresh_groups.append(FreshGroup(qid, fresh_rewards[row - n:row].tolist(), [responses[i] for i in rows],
+                                           [old_log_prob[i, : lengths[i]].tolist() for i in rows],
+                                           is_replay=index >= len(fresh)))
+        collected = collect_step(pool, xc, fresh_groups, step)
         mixed = 0
-        if xc.enable and pool.observe_step_accuracy(fresh_acc):
-            row = 0
-            for qid, n in groups:
-                rows = range(row, row + n)
-                row += n
-                outcome = pool.collect(qid, fresh_rewards[row - n:row].tolist(), [responses[i] for i in rows],
-                                       [old_log_prob[i, : lengths[i]].tolist() for i in rows], step).outcome
-                outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        elif xc.enable and xc.retire_before_start:
-            row = 0
-            for qid, n in groups:
-                row += n
-                if pool.retire_if_solved(qid, fresh_rewards[row - n:row].tolist()):
-                    outcomes["retired"] = outcomes.get("retired", 0) + 1
         row = 0
         for _, n in groups:  # groups with a learning signal: not all rewards alike (binary: 0 < correct < n)
             group_rewards = fresh_rewards[row:row + n]
@@ -489,13 +458,11 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
             graded = {}
         record = {
             "step": step, "loss": loss.item(), "grad_norm": float(grad_norm), "skipped_update": int(skipped_update),
-            "fresh_acc": fresh_acc, **graded,
-            "fresh_questions": len(fresh), "replay_questions": len(replay), "fresh_consumed": stream.consumed,
+            **collected, **graded, **plan.metrics(), "fresh_consumed": stream.consumed,
             "mixed_groups": mixed, "replay_reward": float(rewards[n_fresh_rows:].mean()) if replay else None,
-            "replay_entropy": float(np.mean(chosen_entropy)) if chosen_entropy else None,
-            "replay_age": float(np.mean([step - t.step for t in chosen])) if chosen else None,
-            "reward_calls": len(row_qids), "verifier_calls": _verifier_calls(score),
-            **{f"collect/{k}": v for k, v in outcomes.items()}, **loss_metrics, **pool.stats(),
+            "exgrpo/selected_entropy_mean": float(np.mean(chosen_entropy)) if chosen_entropy else None,
+            "exgrpo/replayed_age_steps": float(np.mean([step - t.step for t in chosen])) if chosen else None,
+            "reward_calls": len(row_qids), "verifier_calls": _verifier_calls(score), **loss_metrics,
             "time_s": round(time.perf_counter() - t0, 2),
         }
         if not math.isfinite(record["loss"]):
@@ -507,7 +474,8 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
         metrics_file.write(json.dumps(record) + "\n")
         metrics_file.flush()
         if tc.progress:
-            bar.set_postfix(acc=f"{fresh_acc:.2f}", pool=len(pool), replay=len(replay), refresh=False)
+            bar.set_postfix(acc=f"{collected['exgrpo/fresh_acc']:.2f}", pool=len(pool), replay=len(replay),
+                            refresh=False)
     model.eval()
     if "test/acc" not in history[-1]:
         history[-1].update(evaluate(model, tokenizer, test_qs, cfg, test_score))
@@ -516,7 +484,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
                                        **{k: v for k, v in history[-1].items() if k.startswith("test/")}}) + "\n")
     metrics_file.close()
     steps_run = [h for h in history if h["step"] > 0]
-    slots = sum(h["fresh_questions"] + h["replay_questions"] for h in steps_run)
+    slots = sum(h["exgrpo/fresh_questions"] + h["exgrpo/replay_questions"] for h in steps_run)
     summary = {
         "mode": "exgrpo" if xc.enable else "grpo", "seed": tc.seed, "steps": len(steps_run),
         "reward": tc.reward, "reward_type": xc.reward_type,
@@ -524,8 +492,8 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
         "acc_after_by_level": {k: v for k, v in history[-1].items() if k.startswith("test/acc_level")},
         "pool_questions": len(pool), "pool_trajectories": pool.stats()["pool/trajectories"],
         "retired": pool.stats()["pool/retired"],
-        "replay_share": sum(h["replay_questions"] for h in steps_run) / max(slots, 1),
-        "first_replay_step": next((h["step"] for h in steps_run if h["replay_questions"]), None),
+        "replay_share": sum(h["exgrpo/replay_questions"] for h in steps_run) / max(slots, 1),
+        "first_replay_step": next((h["step"] for h in steps_run if h["exgrpo/replay_questions"]), None),
         "wall_s": round(time.perf_counter() - t0, 1), "total_s": round(time.perf_counter() - t_start, 1),
         "model": str(model_path), "warm_start": json.loads((model_path / "warm_start.json").read_text()),
         "environment": environment(),
@@ -672,18 +640,18 @@ def plot(history: Sequence[dict[str, Any]], path: str | Path, title: str = "", r
     evals = [h for h in history if "test/acc" in h]
     steps = [h["step"] for h in history if h["step"] > 0]
     axes[0].plot([h["step"] for h in evals], [h["test/acc"] for h in evals], "o-", label="test (greedy)")
-    axes[0].plot(steps, [h["fresh_acc"] for h in history if h["step"] > 0], alpha=0.5, label=labels["fresh"])
+    axes[0].plot(steps, [h["exgrpo/fresh_acc"] for h in history if h["step"] > 0], alpha=0.5, label=labels["fresh"])
     if reward_type == "continuous":
         axes[0].plot(steps, [h["fresh_at_max"] for h in history if h["step"] > 0], alpha=0.5,
                      label="fresh rollouts at the maximum reward")
     axes[0].set(xlabel="step", ylabel=labels["y"], title=labels["title"])
     axes[0].legend()
-    for key, label in (("pool/questions", "pool questions"), ("pool/retired", "retired"),
-                       ("replay_questions", "replayed this step")):
+    for key, label in (("exgrpo/pool/questions", "pool questions"), ("exgrpo/pool/retired", "retired"),
+                       ("exgrpo/replay_questions", "replayed this step")):
         axes[1].plot(steps, [h.get(key, 0) for h in history if h["step"] > 0], label=label)
     axes[1].set(xlabel="step", title="experience pool")
     axes[1].legend()
-    prefix = bucket_metric_prefix(reward_type)
+    prefix = "exgrpo/" + bucket_metric_prefix(reward_type)
     keys = sorted({k for h in history for k in h if k.startswith(prefix)}, key=lambda k: float(k[len(prefix):]))
     if keys:  # buckets of K and K - 1 fresh rollouts interleave, so colour by the bucket's value, not a legend
         cmap = plt.get_cmap("viridis")

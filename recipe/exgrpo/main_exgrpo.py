@@ -20,12 +20,18 @@ from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 from verl.utils.logging_utils import configure_verl_logging
 
-from recipe.exgrpo.settings import apply_loss_horizon, check_verl_settings, load_settings
+from exgrpo.algorithm.config import ExGRPOConfig
+from recipe.exgrpo.settings import RecipeSettings, apply_loss_horizon, check_verl_settings, load_settings
 from recipe.exgrpo.storage import TOKEN_ENV, StorageError, check_every_node, write_marker
 
 
 class ExGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
-    """verl's TaskRunnerV1 (agent-loop manager set-up reused) whose ``run`` builds the ExGRPO trainer."""
+    """verl's TaskRunnerV1 (agent-loop manager set-up reused) whose ``run`` builds the ExGRPO trainer.
+
+    ``settings`` is the ``exgrpo`` section as the driver parsed and checked it; :func:`task_runner_for` binds it.
+    """
+
+    settings: tuple[ExGRPOConfig, RecipeSettings] | None = None
 
     def run(self, config: DictConfig):
         configure_verl_logging()
@@ -47,7 +53,9 @@ class ExGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
         succeeded = False
         try:
             # ExGRPO: the trainer class of the mode (settings.check_verl_settings refused the others)
-            self.trainer = TRAINERS[config.trainer.v1.trainer_mode](config=config)
+            if self.settings is None:
+                raise RuntimeError("ExGRPOTaskRunner needs the driver's parsed settings: use task_runner_for")
+            self.trainer = TRAINERS[config.trainer.v1.trainer_mode](config=config, settings=self.settings)
             self.trainer.init()
             self.init_agent_loop_manager()
             self.trainer.fit(self.agent_loop_manager)
@@ -61,13 +69,23 @@ class ExGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
                 tq.close()
 
 
-def prepare_exgrpo_config(config: DictConfig) -> None:
+def prepare_exgrpo_config(config: DictConfig) -> tuple[ExGRPOConfig, RecipeSettings]:
     """ExGRPO's own checks (unknown or invalid exgrpo keys, incompatible verl options) and the settings it derives
     (the authors' loss scale), before verl's validation and before Ray starts: a mistake costs seconds, not a
-    cluster start-up."""
+    cluster start-up. Returns the parsed section, which the trainer receives (:func:`task_runner_for`)."""
     core, recipe = load_settings(config)
     check_verl_settings(config, core)
     apply_loss_horizon(config, recipe)
+    return core, recipe
+
+
+def task_runner_for(settings: tuple[ExGRPOConfig, RecipeSettings]) -> type:
+    """An :class:`ExGRPOTaskRunner` class that carries the driver's parsed settings to the trainer.
+
+    verl's ``run_ppo`` creates the runner without arguments and hands it only the config, so the settings travel
+    with the class: Ray ships a class made here by value, its attributes included, to the runner's process.
+    """
+    return type("ExGRPOTaskRunner", (ExGRPOTaskRunner,), {"settings": settings, "__doc__": ExGRPOTaskRunner.__doc__})
 
 
 def validate_with_verl(config: DictConfig) -> None:
@@ -79,10 +97,11 @@ def validate_with_verl(config: DictConfig) -> None:
     )
 
 
-def validate_exgrpo_config(config: DictConfig) -> None:
-    """ExGRPO's checks and derived settings, then verl's own validation."""
-    prepare_exgrpo_config(config)
+def validate_exgrpo_config(config: DictConfig) -> tuple[ExGRPOConfig, RecipeSettings]:
+    """ExGRPO's checks and derived settings, then verl's own validation; returns the parsed section."""
+    settings = prepare_exgrpo_config(config)
     validate_with_verl(config)
+    return settings
 
 
 def mark_shared_storage(config: DictConfig) -> str:
@@ -107,13 +126,13 @@ def _fail(error: BaseException) -> None:
 @hydra.main(config_path="config", config_name="exgrpo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     try:
-        prepare_exgrpo_config(config)
+        settings = prepare_exgrpo_config(config)
     except ValueError as error:  # the recipe's own refusals name the key and the fix: one line, no traceback
         _fail(error)
     validate_with_verl(config)
     try:
         mark_shared_storage(config)
-        run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(ExGRPOTaskRunner))
+        run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(task_runner_for(settings)))
     except StorageError as error:  # raised here, or in the TaskRunner (Ray re-raises it as a subclass of it)
         _fail(getattr(error, "cause", None) or error)
 

@@ -26,7 +26,7 @@ from exgrpo.algorithm.config import ExGRPOConfig
 from exgrpo.algorithm.selection import mean_token_entropy
 from recipe.exgrpo.loss import exgrpo_actor_loss
 from recipe.exgrpo.records import MEAN_ENTROPY_FIELD
-from recipe.exgrpo.settings import RECIPE_ONLY_KEYS, installs_exgrpo_loss, plain_section
+from recipe.exgrpo.settings import installs_exgrpo_loss, parse_section
 from recipe.exgrpo.storage import record_removed_actor
 
 # The trainer config's ``exgrpo`` section reaches the worker as ``actor_rollout_ref.exgrpo`` (an
@@ -35,11 +35,15 @@ WORKER_CONFIG_KEY = "exgrpo"
 
 
 def worker_exgrpo_config(actor_rollout_ref_config: Any) -> ExGRPOConfig | None:
-    """The core config as the worker sees it; None when the section is absent (plain verl yaml)."""
+    """The core config as the worker sees it; None when the section is absent (plain verl yaml).
+
+    A Ray actor receives only its config subtree; the section in it is the one the driver already validated, and it
+    is converted the driver's way (``settings.parse_section``), not again here.
+    """
     section = actor_rollout_ref_config.get(WORKER_CONFIG_KEY, None)
     if section is None:
         return None
-    return ExGRPOConfig.from_dict(plain_section(section), ignore=RECIPE_ONLY_KEYS)
+    return parse_section(section)[0]
 
 
 SKIPPED_UPDATE_METRIC = "exgrpo/update_skipped"

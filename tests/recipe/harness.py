@@ -20,6 +20,7 @@ import transfer_queue as tq
 from tensordict import NonTensorData, NonTensorStack
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
+from recipe.exgrpo.settings import load_settings
 from recipe.exgrpo.trainer import ExGRPOTrainer
 
 ANSWERS = ["12", "7", "30", "4", "15", "9", "21", "6"]
@@ -222,7 +223,7 @@ class _CheckpointEngine:
 
 
 def build_trainer(config, worker, correct: dict[str, set[int]], cls=ExGRPOTrainer):
-    trainer = cls(config)
+    trainer = cls(config, load_settings(config))  # parsed as the driver parses it (main_exgrpo)
     trainer._init_tokenizer()
     trainer._init_dataloader()
     policy = ScriptedPolicy(trainer.tokenizer, correct)

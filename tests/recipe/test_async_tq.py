@@ -121,7 +121,7 @@ def test_colocate_async_trains_groups_of_earlier_steps_and_keeps_in_flight_quest
                  if uid in trainer.live_prompt_uids()}
     assert sorted(in_flight.values()) == sorted((q, n == K - 1) for q, n in step3)
     trainer._save_checkpoint()
-    from recipe.exgrpo.composition import load_in_flight
+    from recipe.exgrpo.state import load_in_flight
 
     folder = config.trainer.default_local_dir + f"/global_step_{trainer.global_steps}"
     assert load_in_flight(folder + "/exgrpo_in_flight.json") == in_flight

@@ -9,9 +9,10 @@ pytest.importorskip("verl")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from exgrpo.algorithm.composition import FreshRow, plan_step, rollout_counts  # noqa: E402
 from exgrpo.algorithm.config import ExGRPOConfig  # noqa: E402
 from exgrpo.algorithm.pool import ExperiencePool  # noqa: E402
-from recipe.exgrpo.composition import FreshSource, plan_step, question_id, rollout_counts  # noqa: E402
+from recipe.exgrpo.composition import dataset_stream, question_id  # noqa: E402
 
 K = 4
 
@@ -55,7 +56,7 @@ def active_pool(qids: list[str], rho: float = 0.5, retired: tuple[str, ...] = ()
 def test_inactive_pool_gives_all_fresh_questions_in_dataloader_order_with_k_rollouts():
     loader = Loader(make_rows(10))
     pool = ExperiencePool(ExGRPOConfig(n_rollouts=K))
-    plan = plan_step(4, ExGRPOConfig(n_rollouts=K), pool, FreshSource(loader, 10))
+    plan = plan_step(4, ExGRPOConfig(n_rollouts=K), pool, dataset_stream(loader, 10))
     assert [f.qid for f in plan.fresh] == ["q0", "q1", "q2", "q3"]
     assert plan.replay_qids == [] and rollout_counts(plan, K) == [K] * 4
     assert loader.calls == 4
@@ -64,7 +65,7 @@ def test_inactive_pool_gives_all_fresh_questions_in_dataloader_order_with_k_roll
 def test_active_pool_replays_round_rho_b_questions_with_k_minus_one_rollouts_none_also_fresh():
     loader = Loader(make_rows(20))
     pool = active_pool([f"q{i}" for i in range(10, 16)])  # pool holds q10..q15
-    plan = plan_step(6, ExGRPOConfig(n_rollouts=K, rho=0.5), pool, FreshSource(loader, 20))
+    plan = plan_step(6, ExGRPOConfig(n_rollouts=K, rho=0.5), pool, dataset_stream(loader, 20))
     assert len(plan.fresh) == 3 and len(plan.replay_qids) == 3  # round(0.5 * 6) = 3
     assert set(plan.replay_qids) <= {f"q{i}" for i in range(10, 16)}
     assert len(set(plan.qids)) == 6
@@ -74,7 +75,7 @@ def test_active_pool_replays_round_rho_b_questions_with_k_minus_one_rollouts_non
 def test_fresh_question_in_the_pool_is_not_also_replayed():
     loader = Loader(make_rows(4))  # the dataloader gives q0, q1 first; the pool holds exactly q0..q3
     pool = active_pool(["q0", "q1", "q2", "q3"])
-    plan = plan_step(4, ExGRPOConfig(n_rollouts=K, rho=0.5), pool, FreshSource(loader, 4))
+    plan = plan_step(4, ExGRPOConfig(n_rollouts=K, rho=0.5), pool, dataset_stream(loader, 4))
     assert [f.qid for f in plan.fresh] == ["q0", "q1"]
     assert sorted(plan.replay_qids) == ["q2", "q3"]
 
@@ -82,7 +83,7 @@ def test_fresh_question_in_the_pool_is_not_also_replayed():
 def test_small_pool_limits_replay_and_the_rest_is_fresh():
     loader = Loader(make_rows(20))
     pool = active_pool(["q15"])
-    plan = plan_step(8, ExGRPOConfig(n_rollouts=K, rho=0.5), pool, FreshSource(loader, 20))
+    plan = plan_step(8, ExGRPOConfig(n_rollouts=K, rho=0.5), pool, dataset_stream(loader, 20))
     assert plan.replay_qids == ["q15"] and len(plan.fresh) == 7
     assert "q15" not in [f.qid for f in plan.fresh]
 
@@ -90,7 +91,7 @@ def test_small_pool_limits_replay_and_the_rest_is_fresh():
 def test_retired_questions_are_skipped_and_never_drawn_fresh():
     loader = Loader(make_rows(6))
     pool = active_pool([], retired=("q0", "q2"))
-    plan = plan_step(4, ExGRPOConfig(n_rollouts=K), pool, FreshSource(loader, 6))
+    plan = plan_step(4, ExGRPOConfig(n_rollouts=K), pool, dataset_stream(loader, 6))
     assert [f.qid for f in plan.fresh] == ["q1", "q3", "q4", "q5"]
     assert plan.skipped_retired == 2
 
@@ -98,7 +99,7 @@ def test_retired_questions_are_skipped_and_never_drawn_fresh():
 def test_fresh_row_of_a_replayed_question_is_deferred_to_the_next_step_not_dropped():
     loader = Loader(make_rows(5))  # q0 q1 q2 q3 q4
     pool = active_pool(["q0", "q1"], rho=0.5)
-    source = FreshSource(loader, 5)
+    source = dataset_stream(loader, 5)
     # B=3, n_replay = min(round(1.5), 2) = 2: fresh q0; the pool can then give only q1 (q0 is fresh), so one
     # more fresh question is drawn: the loader's q1 is already replayed -> deferred, q2 is used.
     plan = plan_step(3, ExGRPOConfig(n_rollouts=K, rho=0.5), pool, source)
@@ -110,9 +111,9 @@ def test_fresh_row_of_a_replayed_question_is_deferred_to_the_next_step_not_dropp
 
 
 def test_deferred_question_ids_round_trip_through_a_json_file_and_a_bad_file_names_its_path(tmp_path):
-    from recipe.exgrpo.composition import FreshRow, load_pending_qids, save_pending_qids
+    from recipe.exgrpo.state import load_pending_qids, save_pending_qids
 
-    source = FreshSource(Loader(make_rows(3)), 3)
+    source = dataset_stream(Loader(make_rows(3)), 3)
     source.restore_pending([FreshRow("q2", {}), FreshRow("q0", {})])
     path = tmp_path / "step" / "pending.json"
     save_pending_qids(path, source.pending_qids())
@@ -127,7 +128,7 @@ def test_deferred_question_ids_round_trip_through_a_json_file_and_a_bad_file_nam
 def test_questions_in_flight_are_neither_replayed_nor_drawn_fresh_and_their_fresh_rows_wait():
     loader = Loader(make_rows(6))  # q0 .. q5
     pool = active_pool(["q0", "q1", "q2"])
-    source = FreshSource(loader, 6)
+    source = dataset_stream(loader, 6)
     # groups of q0 (replayed) and q3 (fresh) were submitted by an earlier step and are not trained yet. B = 4,
     # n_replay = 2: fresh first: the loader's q0 is in flight (deferred), q1 and q2 are taken; the pool then has
     # nothing eligible (q0 in flight, q1 and q2 fresh in this step), so two more fresh: q3 in flight (deferred),
@@ -138,13 +139,13 @@ def test_questions_in_flight_are_neither_replayed_nor_drawn_fresh_and_their_fres
     # once their groups are trained, the deferred rows come first, and q0 can be replayed again
     plan = plan_step(2, ExGRPOConfig(n_rollouts=K, rho=0.0), pool, source)
     assert [f.qid for f in plan.fresh] == ["q0", "q3"] and not source.pending
-    plan = plan_step(2, ExGRPOConfig(n_rollouts=K, rho=1.0), pool, FreshSource(Loader(make_rows(6)), 6),
+    plan = plan_step(2, ExGRPOConfig(n_rollouts=K, rho=1.0), pool, dataset_stream(Loader(make_rows(6)), 6),
                      in_flight={"q1", "q2"})
     assert plan.replay_qids == ["q0"] and [f.qid for f in plan.fresh] == ["q3"]
 
 
 def test_in_flight_groups_round_trip_through_a_json_file_and_a_bad_file_names_its_path(tmp_path):
-    from recipe.exgrpo.composition import load_in_flight, save_in_flight
+    from recipe.exgrpo.state import load_in_flight, save_in_flight
 
     path = tmp_path / "global_step_3" / "exgrpo_in_flight.json"
     groups = {"uid-a": ("q1", True), "uid-b": ("q7", False)}
@@ -162,13 +163,13 @@ def test_all_questions_retired_is_a_clear_error_not_an_endless_loop():
     loader = Loader(make_rows(3))
     pool = active_pool([], retired=("q0", "q1", "q2"))
     with pytest.raises(RuntimeError, match="retired"):
-        plan_step(2, ExGRPOConfig(n_rollouts=K), pool, FreshSource(loader, 3))
+        plan_step(2, ExGRPOConfig(n_rollouts=K), pool, dataset_stream(loader, 3))
 
 
 def test_disabled_exgrpo_never_replays_even_with_an_active_pool():
     loader = Loader(make_rows(10))
     pool = active_pool(["q7", "q8"])
-    plan = plan_step(4, ExGRPOConfig(n_rollouts=K, enable=False), pool, FreshSource(loader, 10))
+    plan = plan_step(4, ExGRPOConfig(n_rollouts=K, enable=False), pool, dataset_stream(loader, 10))
     assert plan.replay_qids == [] and [f.qid for f in plan.fresh] == ["q0", "q1", "q2", "q3"]
 
 
@@ -187,7 +188,7 @@ def test_invariants_b_distinct_questions_no_retired_replay_count(batch_size, n_p
     retired = tuple(f"q{i}" for i in range(n_rows - n_retired, n_rows))
     pool = active_pool(held, rho=rho, retired=retired)
     config = ExGRPOConfig(n_rollouts=K, rho=rho)
-    plan = plan_step(batch_size, config, pool, FreshSource(loader, n_rows))
+    plan = plan_step(batch_size, config, pool, dataset_stream(loader, n_rows))
     qids = plan.qids
     assert len(qids) == batch_size and len(set(qids)) == batch_size
     assert not any(pool.is_retired(q) for q in qids)

@@ -1,7 +1,8 @@
 """Crash anywhere, resume exactly: the CPU twin killed with ``kill -9`` of its whole process group at the moments a
 checkpoint is most fragile, then the same command run again.
 
-The trainer holds at a named point when ``EXGRPO_HOLD_AT`` asks it to (it prints one line and waits); the test then
+The trainer holds at a named point when ``EXGRPO_HOLD_AT`` asks it to (it prints one line and waits: the hook of
+``exgrpo_fault_hooks``, which the test has verl import in every process of the launch); the test then
 kills the job's process group, as a node loss or an OOM kill would, and reruns the command. Each rerun must resume
 from the last complete checkpoint with the pool it saved (same state digest, same deferred fresh questions), leave
 no temporary file under the checkpoint folder, and finish. Four launches of verl on two cores: marked slow.
@@ -21,6 +22,7 @@ import pytest
 pytest.importorskip("verl")
 pytest.importorskip("vllm")
 
+import exgrpo_fault_hooks  # noqa: E402
 from test_cpu_verl_e2e import (  # noqa: E402
     _USER_ENV,
     PAPER,
@@ -34,6 +36,7 @@ from test_cpu_verl_e2e import (  # noqa: E402
 pytestmark = pytest.mark.slow
 
 HOLD_MARK = "[exgrpo] holding at "
+HOOKS_DIR = Path(exgrpo_fault_hooks.__file__).parent
 SAVED_PENDING = r"\[exgrpo\] saved pool of step (\d+): \d+ questions, (\d+) deferred fresh questions"
 RESTORED_PENDING = r"\[exgrpo\] restored (\d+) deferred fresh questions of step (\d+)"
 
@@ -49,7 +52,8 @@ def restored_pending(output: str) -> dict[int, int]:
 def run_until_held(workdir: Path, ckpt_dir: Path, hold_at: str, *overrides: str) -> str:
     """Start the paper twin; when the trainer says it holds at ``hold_at``, kill -9 the whole process group."""
     env = {k: v for k, v in os.environ.items() if k not in _USER_ENV}
-    env.update(EXGRPO_DEVICE="cpu", CKPT_DIR=os.path.relpath(ckpt_dir, workdir), EXGRPO_HOLD_AT=hold_at)
+    env.update(EXGRPO_DEVICE="cpu", CKPT_DIR=os.path.relpath(ckpt_dir, workdir), EXGRPO_HOLD_AT=hold_at,
+               **fault_hooks_env(env))
     proc = subprocess.Popen(
         ["bash", os.path.relpath(PAPER, workdir), *overrides], cwd=workdir, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -69,6 +73,14 @@ def run_until_held(workdir: Path, ckpt_dir: Path, hold_at: str, *overrides: str)
     output = "".join(lines)
     assert held, f"never held at {hold_at}\n{output[-4000:]}"
     return output
+
+
+def fault_hooks_env(env: dict[str, str]) -> dict[str, str]:
+    """What installs the hold in every process of the launch: verl imports the hook module named in
+    VERL_USE_EXTERNAL_MODULES (the launcher forwards it, PYTHONPATH and EXGRPO_HOLD_AT to the Ray workers)."""
+    modules = ",".join(filter(None, (env.get("VERL_USE_EXTERNAL_MODULES"), exgrpo_fault_hooks.MODULE_NAME)))
+    path = os.pathsep.join(filter(None, (str(HOOKS_DIR), env.get("PYTHONPATH"))))
+    return {"VERL_USE_EXTERNAL_MODULES": modules, "PYTHONPATH": path}
 
 
 def temporaries(root: Path) -> list[Path]:

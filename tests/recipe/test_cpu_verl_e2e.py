@@ -388,7 +388,7 @@ def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_its_pool_a
     from safetensors.torch import load_file
 
     from exgrpo.algorithm.pool import ExperiencePool
-    from recipe.exgrpo.composition import load_in_flight
+    from recipe.exgrpo.state import load_in_flight
 
     ckpt = job_root / "async_ckpt"
     common = ("trainer.save_freq=1", "trainer.test_freq=100", "trainer.val_before_train=false", ASYNC,

@@ -227,8 +227,8 @@ def test_entry_point_prints_the_composed_job_config():
 
 
 def test_old_pool_files_are_pruned_only_where_verl_removed_the_actor_checkpoint(tmp_path):
+    from recipe.exgrpo.state import prune_pool_files
     from recipe.exgrpo.storage import record_removed_actor
-    from recipe.exgrpo.trainer import prune_pool_files
 
     for step, has_actor in ((10, False), (20, True), (30, False)):
         folder = tmp_path / f"global_step_{step}"
@@ -250,7 +250,8 @@ def test_trainer_maps_the_actor_role_to_the_exgrpo_worker_class():
     from recipe.exgrpo.trainer import ExGRPOTrainer
     from recipe.exgrpo.worker import ExGRPOActorRolloutRefWorker
 
-    trainer = ExGRPOTrainer(compose_config([*BASE, "actor_rollout_ref.rollout.n=4"]))
+    config = compose_config([*BASE, "actor_rollout_ref.rollout.n=4"])
+    trainer = ExGRPOTrainer(config, load_settings(config))
     trainer._init_resource_pool_mgr()
     actor_roles = [r for r in (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor) if r in trainer.role_worker_mapping]
     assert actor_roles

@@ -130,8 +130,8 @@ def test_an_unwritable_checkpoint_folder_stops_the_entry_point_in_one_line_befor
 def test_old_pool_files_are_pruned_only_where_verl_recorded_removing_the_actor_checkpoint(tmp_path):
     """Step 10: verl's record -> pruned. Step 15: no actor folder and no record (a node that cannot see it, or a
     save verl never rotated) -> kept. Step 20: the actor is there -> kept. Step 30, the step just saved: untouched."""
+    from recipe.exgrpo.state import prune_pool_files
     from recipe.exgrpo.storage import record_removed_actor
-    from recipe.exgrpo.trainer import prune_pool_files
 
     for step, has_actor in ((10, False), (15, False), (20, True), (30, False)):
         folder = tmp_path / f"global_step_{step}"
@@ -173,8 +173,8 @@ def test_the_worker_records_exactly_the_actor_checkpoints_verls_checkpoint_manag
 def test_a_record_beside_an_actor_that_is_there_is_stale_and_prunes_nothing(tmp_path):
     """The rule is record AND no ``actor/``: step 10 (both) is pruned; step 20 (a record, but its actor is there,
     as after a later launch saved that step again) keeps its pool."""
+    from recipe.exgrpo.state import prune_pool_files
     from recipe.exgrpo.storage import actor_removed, record_removed_actor
-    from recipe.exgrpo.trainer import prune_pool_files
 
     for step in (10, 20):
         folder = tmp_path / f"global_step_{step}"
@@ -199,7 +199,7 @@ def test_a_new_launch_saving_a_step_an_earlier_launch_rotated_away_keeps_that_st
 
     from exgrpo.algorithm.config import ExGRPOConfig
     from exgrpo.algorithm.pool import ExperiencePool
-    from recipe.exgrpo.composition import FreshSource
+    from recipe.exgrpo.composition import dataset_stream
     from recipe.exgrpo.trainer import ExGRPOTrainer
 
     def verl_save(trainer):  # the parent's save, reduced to the actor (the part that rotates)
@@ -219,7 +219,7 @@ def test_a_new_launch_saving_a_step_an_earlier_launch_rotated_away_keeps_that_st
         stored = trainer.pool.update("q-1", [1.0, 0.0, 0.0, 0.0], [[5, 6], [7], [8], [9]], [[-0.5, -0.25], [-1.0],
                                                                                           [-1.0], [-1.0]], step=1)
         assert stored == "stored"
-        trainer._fresh_source = FreshSource(lambda: {}, 1)
+        trainer._fresh_source = dataset_stream(lambda: {}, 1)
         actor_worker.actor.engine.checkpoint_manager.previous_saved_paths = []  # what a new launch starts with
         return trainer
 
