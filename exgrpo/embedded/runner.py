@@ -4,8 +4,9 @@ One step (paper §3.2-3.3): draw B - n_r fresh questions and n_r replay question
 replay question's stored success with the lowest mean entropy under the current policy; generate K rollouts
 per fresh question and K - 1 per replay question (the stored trajectory is the K-th member); score; GRPO
 advantages per group; one AdamW step on the ExGRPO objective; then feed the *fresh* rollouts to the pool.
-Everything algorithmic comes from the core (pool, sampling, selection, objective, advantage, reward), so this
-file is only the loop around it. ``exgrpo.enable: false`` gives plain GRPO with the same settings.
+Everything algorithmic comes from the core (the step's composition, selection and collection, the pool, the
+objective, advantages, the reward), as the verl recipe takes it, metric names included; this file is only the
+loop around it and the engine work (generation, entropies, rewards, the update). ``exgrpo.enable: false`` gives plain GRPO with the same settings.
 
 Usage: ``python -m exgrpo.embedded.runner --config exgrpo/embedded/configs/cpu_tiny.yaml [trainer.steps=20 exgrpo.rho=0.25 ...]``
 """
