@@ -21,7 +21,7 @@ from tensordict import NonTensorData, NonTensorStack
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from recipe.exgrpo.settings import load_settings
-from recipe.exgrpo.trainer import ExGRPOTrainer
+from recipe.exgrpo.trainer import ExGRPOTrainer, ExGRPOTrainerMixin
 
 ANSWERS = ["12", "7", "30", "4", "15", "9", "21", "6"]
 
@@ -222,8 +222,22 @@ class _CheckpointEngine:
         return None
 
 
+def trainer_overrides(model_dir, train, val, ckpt_dir, n_rollouts: int, batch_size: int) -> list[str]:
+    """The tiny recipe run these tests share: the scripted task, the toy reward, a save every step."""
+    return [
+        f"actor_rollout_ref.model.path={model_dir}", f"actor_rollout_ref.rollout.n={n_rollouts}",
+        f"data.train_batch_size={batch_size}", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        f"data.train_files={train}", f"data.val_files={val}", "data.shuffle=false",
+        "data.dataloader_num_workers=0", "data.max_prompt_length=64", "data.max_response_length=64",
+        "exgrpo.start_acc=0.3", "exgrpo.rho=0.5", "actor_rollout_ref.actor.optim.lr=1e-3",
+        f"trainer.default_local_dir={ckpt_dir}", "trainer.save_freq=1",
+        f"reward.custom_reward_function.path={TOY_REWARD}", "reward.custom_reward_function.name=compute_score",
+    ]
+
+
 def build_trainer(config, worker, correct: dict[str, set[int]], cls=ExGRPOTrainer):
-    trainer = cls(config, load_settings(config))  # parsed as the driver parses it (main_exgrpo)
+    # ExGRPO's trainers get the section parsed as the driver parses it (main_exgrpo); verl's own get the config only
+    trainer = cls(config, load_settings(config)) if issubclass(cls, ExGRPOTrainerMixin) else cls(config)
     trainer._init_tokenizer()
     trainer._init_dataloader()
     policy = ScriptedPolicy(trainer.tokenizer, correct)

@@ -31,14 +31,8 @@ def async_trainer(tq_cluster, actor_worker, tiny_model_dir, tmp_path):
     train, val = h.write_dataset(tmp_path / "data")
     config = compose_config(
         [
-            f"actor_rollout_ref.model.path={tiny_model_dir}", f"actor_rollout_ref.rollout.n={K}",
-            "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            f"data.train_files={train}", f"data.val_files={val}", "data.shuffle=false",
-            "data.dataloader_num_workers=0", "data.max_prompt_length=64", "data.max_response_length=64",
-            "exgrpo.start_acc=0.3", "exgrpo.rho=0.5", "actor_rollout_ref.actor.optim.lr=1e-3",
+            *h.trainer_overrides(tiny_model_dir, train, val, tmp_path / "ckpt", n_rollouts=K, batch_size=2),
             "trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=1",
-            f"trainer.default_local_dir={tmp_path / 'ckpt'}", "trainer.save_freq=1",
-            f"reward.custom_reward_function.path={h.TOY_REWARD}", "reward.custom_reward_function.name=compute_score",
             *CPU_ENGINE_OVERRIDES,
         ]
     )

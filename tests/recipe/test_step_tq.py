@@ -32,16 +32,7 @@ def harness(tq_cluster, actor_worker, tiny_model_dir, tmp_path_factory):
     train, val = h.write_dataset(data_dir)
     ckpt_dir = tmp_path_factory.mktemp("ckpt")
     config = compose_config(
-        [
-            f"actor_rollout_ref.model.path={tiny_model_dir}", f"actor_rollout_ref.rollout.n={K}",
-            "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            f"data.train_files={train}", f"data.val_files={val}", "data.shuffle=false",
-            "data.dataloader_num_workers=0", "data.max_prompt_length=64", "data.max_response_length=64",
-            "exgrpo.start_acc=0.3", "exgrpo.rho=0.5", "actor_rollout_ref.actor.optim.lr=1e-3",
-            f"trainer.default_local_dir={ckpt_dir}", "trainer.save_freq=1",
-            f"reward.custom_reward_function.path={h.TOY_REWARD}", "reward.custom_reward_function.name=compute_score",
-            *CPU_ENGINE_OVERRIDES,
-        ]
+        [*h.trainer_overrides(tiny_model_dir, train, val, ckpt_dir, n_rollouts=K, batch_size=4), *CPU_ENGINE_OVERRIDES]
     )
     trainer, policy = h.build_trainer(config, actor_worker, CORRECT)
     return h, trainer, policy, ckpt_dir
