@@ -2,8 +2,8 @@
 # The real recipe on a laptop: verl 0.9.1's whole training loop (vLLM rollout server and agent loop, reward loop,
 # FSDP2 update, weight sync, validation, checkpoint and resume with the pool) running ExGRPO on the CPU, with the
 # recipe's defaults. It is the CPU twin of the shared launcher, as `EXGRPO_DEVICE=cpu bash run_scripts/<GPU script>.sh`
-# is the twin of a GPU script: the same reference overrides, and only the device, size and engine settings of
-# _launch.sh's CPU profile differ. The model is a tiny Qwen2 built here (no hub access needed), warm-started on the
+# is the twin of a GPU script: the same reference run (profile=recipe), and only the device, size and engine settings
+# of recipe/exgrpo/config/device/cpu.yaml differ. The model is a tiny Qwen2 built here (no hub access needed), warm-started on the
 # synthetic arithmetic task until rollouts are mixed, so replay starts through the real delayed-start rule
 # (start_acc 0.35). Default: 12 steps, a few minutes on 2 cores, replay visible in verl's console metrics
 # (exgrpo/inserted, exgrpo/pool/...); metrics also go to $CKPT_DIR/metrics_<time>.jsonl.

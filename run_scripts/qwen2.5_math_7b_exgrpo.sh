@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ExGRPO as the authors trained it: Qwen2.5-Math-7B, 8 GPUs, B=128, K=8, rho=0.5, beta=0.1, 700 steps,
-# with their training settings (EXGRPO_PROFILE=paper in _launch.sh: strict </think> grading, unclipped on-policy
-# tokens after the start, their loss and entropy scale, grad-norm skip at 500, retirement from step 1).
+# with their training settings (EXGRPO_PROFILE=paper: recipe/exgrpo/config/profile/paper.yaml, strict </think>
+# grading, unclipped on-policy tokens after the start, their loss and entropy scale, grad-norm skip at 500,
+# retirement from step 1). DRY_RUN=1 prints the hydra arguments the run is composed of.
 #   MODEL_PATH=/models/Qwen2.5-Math-7B-16k bash run_scripts/qwen2.5_math_7b_exgrpo.sh [hydra overrides]
 # Also the script for the other Qwen backbones of the paper (the authors: "other Qwen backbone models follow the
 # same prompt template") and for the continual run from a LUFFY checkpoint: set MODEL_PATH (and EXPERIMENT_NAME).
