@@ -168,7 +168,6 @@ class GlooCheckpointEngine(CheckpointEngine):
         self._master_store: TCPStore | None = None
         self._master_metadata: GlooMasterMetadata | None = None
         self._group: ProcessGroupGloo | None = None
-        self._group_count = 0
         self._buffers: list[torch.Tensor] = []
 
     # ------------------------------------------------------------------------------------------- set-up
@@ -222,7 +221,6 @@ class GlooCheckpointEngine(CheckpointEngine):
             return
 
         self._group = None
-        self._group_count += 1
         address = f"{master_metadata.host}:{master_metadata.port}"
         try:
             if rank == _SENDER_RANK:
@@ -236,8 +234,8 @@ class GlooCheckpointEngine(CheckpointEngine):
             options = ProcessGroupGloo._Options()
             options._devices = [ProcessGroupGloo.create_device(hostname=self.host or _node_ip())]
             options._timeout = self.timeout
-            # a fresh key prefix per group: with rebuild_group=False a late member can never read a stale group's keys
-            prefix = f"gloo_ckpt/{master_metadata.port}"
+            # every member derives the same prefix from the address, without another round trip
+            prefix = f"gloo_checkpoint_engine/{master_metadata.port}"
             self._group = ProcessGroupGloo(PrefixStore(prefix, store), rank, world_size, options)
         except GlooCheckpointEngineError:
             raise
