@@ -29,6 +29,8 @@ TWIN_BUILD_TIMEOUT_S = 1800
 # build verl's FSDP2 engine, where one test takes tens of seconds to minutes on two cores. CI runs them with the rest.
 E2E_MODULES = TWIN_LAUNCH_MODULES | {"test_step_tq.py", "test_async_tq.py", "test_shared_storage.py",
                                      "test_engine_cpu.py"}
+# Single tests of otherwise quick modules that start Ray, by "module::test name".
+E2E_TESTS = {"test_entry_point.py::test_entry_point_runs_through_task_runner_and_trainer_init_up_to_the_gpu_pool"}
 
 
 def _vllm_cpu_build_installed() -> bool:
@@ -56,7 +58,9 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     """Marks by module, so a heavy module is in the e2e tier without a line in its file; this runs as each test is
     collected, before `-m` deselects. A slow test is e2e too: `-m "not e2e"` replaces the default `-m 'not slow'`
     rather than adding to it, and the fast tier must leave the slow tests out as well."""
-    if item.path.name in E2E_MODULES or item.get_closest_marker("slow") is not None:
+    test = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+    heavy = item.path.name in E2E_MODULES or test in E2E_TESTS
+    if heavy or item.get_closest_marker("slow") is not None:
         item.add_marker(pytest.mark.e2e)
 
 

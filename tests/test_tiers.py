@@ -1,0 +1,36 @@
+"""The test tiers select what development.md says: the fast tier (`-m "not e2e"`) leaves out the slow tests and the
+heavy ones, and the default (what CI runs) keeps the heavy ones and leaves out only the slow ones.
+
+A wrong marker hook fails quietly otherwise: the fast tier would grow by a Ray start, or `-m "not e2e"`, which
+replaces the default `-m 'not slow'`, would bring the slow tests back in.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SLOW = "tests/test_reward.py::test_loads_through_verl_loader"  # @pytest.mark.slow
+ENTRY_POINT = "tests/recipe/test_entry_point.py::"
+HEAVY = ENTRY_POINT + "test_entry_point_runs_through_task_runner_and_trainer_init_up_to_the_gpu_pool"  # starts Ray
+QUICK = ENTRY_POINT + "test_a_run_script_with_a_bad_exgrpo_key_stops_in_one_line_before_ray"
+
+
+def collected(*marker: str) -> set[str]:
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *marker,
+                             "tests/test_reward.py", "tests/recipe/test_entry_point.py"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return {line.split("[")[0] for line in result.stdout.splitlines() if "::" in line}
+
+
+def test_the_fast_tier_leaves_out_slow_and_heavy_tests_and_the_default_only_slow_ones():
+    pytest.importorskip("verl")  # tests/recipe is skipped whole without verl
+    fast, default = collected("-m", "not e2e"), collected()
+    assert QUICK in fast and SLOW not in fast and HEAVY not in fast
+    assert QUICK in default and HEAVY in default and SLOW not in default
+    assert fast < default  # the fast tier is the default less the heavy tests
