@@ -298,7 +298,14 @@ def run_seed(item: SeedPlan, work: Path, model: Path) -> None:
         path = item.result(name)
         if path.exists() and json.loads(path.read_text()).get("trunk_id") == trunk["trunk_id"]:
             continue
-        result = run_future(item, name, trunk, work, env_extra)
+        for attempt in (1, 2):  # a future always starts from the fork's checkpoint: a killed one can start over
+            try:
+                result = run_future(item, name, trunk, work, env_extra)
+                break
+            except SystemExit as failure:
+                if attempt == 2:
+                    raise
+                print(f"{failure}\n[fork] {item.name}: {name} starts over from the fork", flush=True)
         write(path, result)
         print(f"[fork] {item.name}: {name} done in {result['wall_s']:.0f} s", flush=True)
     shutil.rmtree(trunk_dir, ignore_errors=True)  # every future of this trunk is written: its weights can go
@@ -516,12 +523,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     p_run.add_argument("--until", default=None, help="HH:MM: start no seed after the next such time")
     p_run.add_argument("--max-seeds", type=int, default=None)
     p_report.add_argument("--plots", type=Path, default=None)
+    p_report.add_argument("--out", type=Path, default=None,
+                          help="also write the report there (markdown, with the command, commit and date), the "
+                               "figures beside it")
     for p in sub.choices.values():
         p.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     RESULTS = args.results.resolve()
     if args.command == "report":
-        print(report(args.plots))
+        if args.out is None:
+            print(report(args.plots))
+            return
+        text = report(args.out.parent if args.plots is None else args.plots)
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*__*__seed*.json"))]
+        cpus = sorted({r.get("cpu", "?") for r in runs})
+        header = [f"Written by `python benchmarks/fork_study.py report --out {args.out.name}` at commit "
+                  f"{commit.stdout.strip()}, {dt.date.today().isoformat()}, from {len(runs)} result files in "
+                  f"{RESULTS.relative_to(REPO) if RESULTS.is_relative_to(REPO) else RESULTS} (runs on: "
+                  f"{'; '.join(cpus)}).", ""]
+        args.out.write_text("\n".join(header) + text + "\n")
+        print(text)
         return
     items = [i for i in plan() if not args.only or i.regime in args.only or i.name in args.only]
     if args.command == "plan":
