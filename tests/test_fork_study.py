@@ -98,7 +98,7 @@ def test_the_report_pairs_each_future_with_grpo_on_the_same_fork_and_shows_the_a
     # ID at +15: 0.9 - 0.5 = 0.4 and 0.6 - 0.3 = 0.3 -> mean 0.35, sd 0.0707, half-width 12.706 * 0.0707 / sqrt(2)
     half = 12.706 * math.sqrt(0.005) / math.sqrt(2)
     assert cells[0] == "+0.0 ± 0.0" and cells[3] == f"+35.0 ± {100 * half:.1f}"
-    # the mean after the fork uses the validations there (+5, +10, +15): seed 0 (0.2 + 0.2 + 0.4) / 3, seed 1
+    # the mean after the fork uses the fixed points +5, +10, +15: seed 0 (0.2 + 0.2 + 0.4) / 3, seed 1
     # (0.1 + 0.3 + 0.3) / 3 -> 0.25 ± 12.706 * sd / sqrt(2)
     per_seed = [0.8 / 3, 0.7 / 3]
     sd = abs(per_seed[0] - per_seed[1]) / math.sqrt(2)
@@ -132,3 +132,12 @@ def test_held_out_accuracy_is_read_at_the_number_of_samples_the_study_asks_for()
     _, val = rs.kept_records({3: record}, samples=fs.VAL_SAMPLES)
     assert fs.VAL_SAMPLES == 4 and val == {"3": {"id": 0.25, "ood": 0.5}}
     assert rs.kept_records({3: record})[1] == {}  # greedy keys (mean@1 under val-core) are absent here
+
+
+def test_held_out_accuracy_between_two_validations_lies_on_the_line_between_them():
+    result = {"val": {"14": {"id": 0.5, "ood": None}, "15": {"id": 0.6}, "20": {"id": 0.8}, "29": {"id": 0.9}}}
+    assert fs.val_at(result, 15, "id") == 0.6  # a validation is read as it is
+    assert math.isclose(fs.val_at(result, 19, "id"), 0.6 + 0.2 * 4 / 5)  # fork 14 + 5, between steps 15 and 20
+    assert math.isclose(fs.val_at(result, 24, "id"), 0.8 + 0.1 * 4 / 9)  # + 10, between 20 and 29
+    assert fs.val_at(result, 30, "id") is None and fs.val_at(result, 13, "id") is None  # nothing outside them
+    assert fs.val_at(result, 14, "ood") is None  # a source the validation did not report
