@@ -1,6 +1,7 @@
 """Every launch the run scripts offer, composed as hydra composes it, in a form two checkouts can compare.
 
-``tests/recipe/fixtures/composed/<launch>.json`` holds each launch's final config as it was composed on the commit
+``tests/recipe/fixtures/composed/`` holds each launch's final config (flat: dotted key -> value; ``_base.json`` in
+full, each ``<launch>.json`` as its differences from it) as it was composed on the commit
 before the launch layer moved to hydra config groups (4da1df5: bash arrays merged by recipe/exgrpo/overrides.py);
 ``test_composed_launches.py`` composes every launch again and compares key by key, so the move is proven to change
 no run. A launch is a script's ``DRY_RUN=1`` output (the arguments that compose it, one a line), composed over
@@ -215,21 +216,47 @@ def compose_launch(name: str, repo: Path, workdir: Path, venv_bin: Path) -> tupl
     return lines, canonical(compose_lines(lines, repo / "recipe" / "exgrpo" / "config"), repo, workdir)
 
 
+BASE = "_base"  # the fixture every launch's file is written against: the 7B paper script on the GPU, in full
+
+
+def write_fixtures(configs: dict[str, dict[str, Any]], folder: Path) -> None:
+    """``folder/_base.json`` (one launch's flat config, in full) and ``folder/<launch>.json`` for every launch: the
+    keys whose value differs from the base (``set``) and the base's keys it lacks (``unset``)."""
+    base = flat(configs["qwen2.5_math_7b_exgrpo.gpu"])
+    (folder / f"{BASE}.json").write_text(json.dumps(base, indent=1, sort_keys=True) + "\n")
+    for name, config in configs.items():
+        keys = flat(config)
+        changed = {key: value for key, value in keys.items()
+                   if key not in base or json.dumps(base[key]) != json.dumps(value)}
+        record = {"set": changed, "unset": sorted(set(base) - set(keys))}
+        (folder / f"{name}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def read_fixture(name: str, folder: Path) -> dict[str, Any]:
+    """The launch's flat config as :func:`write_fixtures` recorded it."""
+    base = json.loads((folder / f"{BASE}.json").read_text())
+    record = json.loads((folder / f"{name}.json").read_text())
+    keys = {key: value for key, value in base.items() if key not in set(record["unset"])}
+    keys.update(record["set"])
+    return keys
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", type=Path, required=True, help="the checkout whose run scripts compose the launches")
-    parser.add_argument("--out", type=Path, required=True, help="the folder to write <launch>.json into")
+    parser.add_argument("--out", type=Path, required=True, help="the folder to write the fixtures into")
     args = parser.parse_args(argv)
     repo, out = args.repo.resolve(), args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     venv_bin = Path(sys.executable).parent
+    configs = {}
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch).resolve()
         prepare_workdir(workdir, repo)
         for name in LAUNCHES:
-            _, config = compose_launch(name, repo, workdir, venv_bin)
-            (out / f"{name}.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
+            configs[name] = compose_launch(name, repo, workdir, venv_bin)[1]
             print(name, file=sys.stderr)
+    write_fixtures(configs, out)
     return 0
 
 

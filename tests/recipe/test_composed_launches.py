@@ -1,7 +1,8 @@
 """Every launch that worked before the launch layer moved to hydra config groups composes the same final config.
 
 The fixtures (tests/recipe/fixtures/composed/, written by ``python tests/recipe/launches.py`` on 4da1df5, when the
-layers were bash arrays merged by a parser of our own) hold each launch's resolved config. Here each launch is run
+layers were bash arrays merged by a parser of our own) hold each launch's resolved config, flat, as its differences
+from one launch's. Here each launch is run
 again as a user types it (same environment variables, same overrides after the script's name) with ``DRY_RUN=1``;
 the lines it prints are composed with hydra's compose API over ``exgrpo_trainer``, exactly as printed, and compared
 key by key. The CPU twins among them are the launches tests/recipe/test_cpu_verl_e2e.py makes, so this is also the
@@ -18,7 +19,16 @@ import pytest
 
 pytest.importorskip("verl")
 
-from launches import LAUNCHER, LAUNCHES, MODEL_SCRIPTS, compose_launch, flat, prepare_workdir  # noqa: E402
+from launches import (  # noqa: E402
+    BASE,
+    LAUNCHER,
+    LAUNCHES,
+    MODEL_SCRIPTS,
+    compose_launch,
+    flat,
+    prepare_workdir,
+    read_fixture,
+)
 from recipe_helpers import REPO  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "composed"
@@ -40,19 +50,19 @@ def workdir(tmp_path_factory) -> Path:
 def differences(name: str, workdir: Path) -> dict[str, tuple[str, str]]:
     """``{key: (before, now)}`` for every key whose resolved value (or type) differs from the fixture."""
     lines, config = compose_launch(name, REPO, workdir, VENV_BIN)
-    expected = json.loads((FIXTURES / f"{name}.json").read_text())
-    now, before = flat(config), flat(expected)
+    now, before = flat(config), read_fixture(name, FIXTURES)
     shown = {key: (json.dumps(before.get(key, "<absent>")), json.dumps(now.get(key, "<absent>")))
              for key in now.keys() | before.keys()}
     launch = LAUNCHES[name]
     profile = launch.env.get("EXGRPO_PROFILE", "paper" if launch.script in MODEL_SCRIPTS else "recipe")
     assert lines[0] == f"profile={profile}", lines[:3]  # the group choices are printed as hydra takes them
-    assert ("device=cpu" in lines) is (launch.env.get("EXGRPO_DEVICE") == "cpu" or launch.script == "cpu_verl_exgrpo.sh")
+    on_cpu = launch.env.get("EXGRPO_DEVICE") == "cpu" or launch.script == "cpu_verl_exgrpo.sh"
+    assert ("device=cpu" in lines) is on_cpu
     return {key: pair for key, pair in shown.items() if pair[0] != pair[1]}
 
 
 def test_the_fixtures_cover_every_script_and_every_launch_has_one():
-    assert sorted(path.stem for path in FIXTURES.glob("*.json")) == sorted(LAUNCHES)
+    assert sorted(path.stem for path in FIXTURES.glob("*.json")) == sorted([*LAUNCHES, BASE])
     scripts = {launch.script for launch in LAUNCHES.values()}
     on_disk = {path.name for path in (REPO / "run_scripts").glob("*_exgrpo.sh")} | {
         path.name for path in (REPO / "run_scripts").glob("*_grpo.sh")}
