@@ -28,7 +28,8 @@ TWIN_BUILD_TIMEOUT_S = 1800
 # The end-to-end tier (`-m e2e`; the fast tier is `-m "not e2e"`): modules that launch verl, start a Ray cluster or
 # build verl's FSDP2 engine, where one test takes tens of seconds to minutes on two cores. CI runs them with the rest.
 E2E_MODULES = TWIN_LAUNCH_MODULES | {"test_step_tq.py", "test_async_tq.py", "test_shared_storage.py",
-                                     "test_engine_cpu.py", "test_knobs.py", "test_fresh_metrics.py"}
+                                     "test_engine_cpu.py", "test_knobs.py", "test_fresh_metrics.py",
+                                     "test_tiers.py"}  # the last collects the suite twice through verl: ~60 s
 # Single tests of otherwise quick modules, by "module::test name": a Ray start, three CPU jobs in fresh interpreters,
 # a run script through bash and hydra to its refusal (~60 s), hydra composing 49 argument pairs (~140 s; the fast
 # tier keeps test_overrides.py's other refusals).

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 SLOW = "tests/test_reward.py::test_loads_through_verl_loader"  # @pytest.mark.slow
 ENTRY_POINT = "tests/recipe/test_entry_point.py::"
 HEAVY = ENTRY_POINT + "test_entry_point_runs_through_task_runner_and_trainer_init_up_to_the_gpu_pool"  # starts Ray
-QUICK = ENTRY_POINT + "test_a_run_script_with_a_bad_exgrpo_key_stops_in_one_line_before_ray"
+QUICK = ENTRY_POINT + "test_recipe_checks_run_first_and_say_one_line_without_ray"
 
 
 def collected(*marker: str) -> set[str]:
