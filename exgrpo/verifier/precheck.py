@@ -19,12 +19,14 @@ from typing import Any
 # parser's prediction is super-linear in bracket nesting, and some extraction regexes are quadratic on degenerate
 # text. Each check below rejects one such shape before the work starts, so the answer costs milliseconds
 # instead of a worker's full time limit. Every limit sits far above what real answers use (the benchmark ground
-# truths and generated responses: benchmarks/README.md) and below the size where its cost was measured to explode.
+# truths and generated responses of `benchmarks/verifier_adversarial.py --legit`) and below the size where its cost
+# was measured to explode (`--size`; the figures: `git show 4da1df5:benchmarks/README.md`, "Verifier pre-check").
 
 # The answer's size, checked in the calling process before anything goes to a worker: math-verify's extraction
 # normalises every math group it tries (the content of \boxed{}, $...$, $$...$$, \[...\], \(...\), [...]) with
-# regexes that are quadratic in the group's length, before the candidate check below can see it: a 40,000-character
-# nested \frac cost 1.7 s of a worker at load 4, 10,000 characters 0.15 s (benchmarks/README.md).
+# regexes that are quadratic in the group's length, before the candidate check below can see it: a 40,001-character
+# nested \frac cost 2.3-3.3 s of a worker at load 4.5-5.3, 9,901 characters ~0.2 s (`benchmarks/verifier_adversarial.py
+# --size`; the figures: `git show 4da1df5:benchmarks/README.md`, "Verifier pre-check: answer size").
 PRECHECK_MAX_ANSWER_CHARS = 100_000  # the graded section (a whole response without </think>): 8,192 generated
 #                                      tokens are ~33 kB at ~4 characters a token; the legitimate items: at most ~20 kB
 PRECHECK_MAX_GROUP_CHARS = 10_000  # one math group: 10x the longest candidate the worker accepts (1,000), ~50x the

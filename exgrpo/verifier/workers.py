@@ -42,7 +42,8 @@ def _env_number(name: str, default: float, cast: type = float) -> Any:
 
 # The slowest legitimate grade measured is a correct Minerva ODE answer written scaled by 2, which math-verify
 # compares by solving both equations: 9.1 s on an idle core, 13.7 s (median of 5) at load 3 on the 2-core box
-# (benchmarks/README.md). 30 s keeps twice that margin, so a busy machine does not turn slow correct answers into
+# (`benchmarks/verifier_adversarial.py --legit`; the figures: `git show 4da1df5:benchmarks/README.md`, "Verifier
+# pre-check"). 30 s keeps twice that margin, so a busy machine does not turn slow correct answers into
 # zeros (10 s did). Pathological answers no longer wait for it: the pre-check rejects them in milliseconds.
 DEFAULT_TIMEOUT_S = _env_number("EXGRPO_REWARD_TIMEOUT_S", 30.0)
 DEFAULT_QUEUE_TIMEOUT_S = _env_number("EXGRPO_REWARD_QUEUE_TIMEOUT_S", 120.0)
