@@ -57,8 +57,8 @@ SEEDS = (0, 1, 2)
 # two-sided 95 % Student t quantiles by degrees of freedom
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
-# The twin's size (docs/cpu.md, "It learns, on this CPU"): 8 questions x 8 rollouts at temperature 1, one AdamW step
-# a step (at the regime's learning rate), 64-token prompts and 32-token responses.
+# The twin's size (docs/cpu.md, "A real model: SmolLM2-135M-Instruct, on this CPU"): 8 questions x 8 rollouts at
+# temperature 1, one AdamW step a step (at the regime's learning rate), 64-token prompts and 32-token responses.
 COMMON = [
     "actor_rollout_ref.rollout.n=8",
     "actor_rollout_ref.actor.ppo_mini_batch_size=8",

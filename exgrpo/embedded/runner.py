@@ -517,7 +517,8 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
 # (the same bits on every Intel CPU with AVX2 at a fixed thread count; STRICT: whatever the memory alignment).
 # MKL's branches are Intel's: on another vendor's CPU MKL runs its AUTO branch for any branch but COMPATIBLE (its
 # MKL_VERBOSE line says CNR:AUTO,STRICT under MKL_CBWR=AVX2,STRICT on an AMD EPYC), so there the pin keeps STRICT and
-# ATen's AVX2 kernels, and MKL picks its own code path for that CPU (docs/reproducibility.md, "Per CPU").
+# ATen's AVX2 kernels, and MKL picks its own code path for that CPU (docs/reproducibility.md, "The CPU runner: the
+# same seed gives the same numbers, per kind of CPU").
 KERNEL_PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"}
 # The ISA features that make torch, MKL or oneDNN pick other float kernels (/proc/cpuinfo names), for the summary.
 KERNEL_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
