@@ -179,6 +179,15 @@ def _launch(folder: Path, overrides: list[str], env_extra: dict[str, str], log: 
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def source_state() -> str:
+    """The commit a launch runs, taken when it starts (other work may commit while a run goes on), marked when the
+    tracked files differ from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "exgrpo", "recipe", "run_scripts", "benchmarks"],
+                           cwd=REPO).returncode
+    return head.stdout.strip() + ("+changes" if dirty else "")
+
+
 def _stop(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # the launcher, Ray and vLLM: the whole process group
@@ -200,7 +209,7 @@ def run_trunk(item: SeedPlan, work: Path, env_extra: dict[str, str]) -> dict[str
                  f"trainer.test_freq={TRUNK_TEST_FREQ}", "trainer.val_before_train=true",
                  f"trainer.validation_data_dir={folder / 'val_generations'}"]
     print(f"[fork] {item.name}: trunk", flush=True)
-    start = time.perf_counter()
+    start, commit = time.perf_counter(), source_state()
     proc = _launch(folder, overrides, env_extra, folder / "run.log")
     fork, why = None, ""
     while True:
@@ -220,7 +229,7 @@ def run_trunk(item: SeedPlan, work: Path, env_extra: dict[str, str]) -> dict[str
     metrics = {s: v for s, v in rs.read_metrics(folder).items() if s <= fork}
     print(f"[fork] {item.name}: fork at step {fork} ({why})", flush=True)
     return {"kind": "trunk", "trunk_id": uuid.uuid4().hex[:12], "fork_step": fork, "fork_reason": why,
-            **summary(item, "trunk", metrics, overrides, time.perf_counter() - start, work)}
+            **summary(item, "trunk", metrics, overrides, time.perf_counter() - start, work, commit)}
 
 
 def run_future(item: SeedPlan, name: str, trunk: dict[str, Any], work: Path, env_extra: dict[str, str]
@@ -238,7 +247,7 @@ def run_future(item: SeedPlan, name: str, trunk: dict[str, Any], work: Path, env
                  f"trainer.test_freq={FUTURE_TEST_FREQ}",
                  "trainer.val_before_train=true", f"trainer.validation_data_dir={folder / 'val_generations'}"]
     print(f"[fork] {item.name}: {name} from step {fork}", flush=True)
-    start = time.perf_counter()
+    start, commit = time.perf_counter(), source_state()
     proc = _launch(folder, overrides, env_extra, folder / "run.log")
     seen = fork
     while proc.poll() is None:
@@ -254,11 +263,11 @@ def run_future(item: SeedPlan, name: str, trunk: dict[str, Any], work: Path, env
     for step_dir in folder.glob("global_step_*"):  # weights are not kept; the metrics are
         shutil.rmtree(step_dir, ignore_errors=True)
     return {"kind": "future", "trunk_id": trunk["trunk_id"], "fork_step": fork,
-            **summary(item, name, metrics, overrides, time.perf_counter() - start, work)}
+            **summary(item, name, metrics, overrides, time.perf_counter() - start, work, commit)}
 
 
 def summary(item: SeedPlan, run: str, metrics: dict[int, dict[str, float]], overrides: list[str], wall_s: float,
-            work: Path) -> dict[str, Any]:
+            work: Path, commit: str) -> dict[str, Any]:
     import pandas as pd
 
     from exgrpo.embedded.runner import cpu_description
@@ -267,13 +276,12 @@ def summary(item: SeedPlan, run: str, metrics: dict[int, dict[str, float]], over
     steps, val = rs.kept_records(metrics, VAL_SAMPLES)
     _, val_file = rs.task_files(REGIMES[item.regime].rs_regime, work)
     held = pd.read_parquet(val_file)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     precision = cpu_precision()
     return {
         "regime": item.regime, "run": run, "seed": item.seed, "about": REGIMES[item.regime].about,
         "command": ["env", *[f"{k}={v}" for k, v in PROFILE_ENV.items()], "bash", "run_scripts/cpu_verl_exgrpo.sh",
                     *overrides],
-        "commit": commit.stdout.strip(), "wall_s": round(wall_s, 1),
+        "commit": commit, "wall_s": round(wall_s, 1),
         "finished": dt.datetime.now().isoformat(timespec="seconds"),
         "held_out_questions": {k: int((held["data_source"] == s).sum())
                                for k, s in (("id", rs.ID_SOURCE), ("ood", rs.OOD_SOURCE))},
