@@ -346,14 +346,19 @@ def load(regime: str) -> dict[int, dict[str, dict[str, Any]]]:
     return out
 
 
+def on_line(points: list[tuple[float, float]], x: float) -> float | None:
+    """y at ``x`` on the line through ``points`` (sorted by x): a point's own y, a straight line between the two
+    around ``x``, None outside them."""
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x0 <= x <= x1:
+            return y0 if x == x0 or x1 == x0 else y1 if x == x1 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[0][1] if len(points) == 1 and points[0][0] == x else None
+
+
 def val_at(result: dict[str, Any], step: int, kind: str) -> float | None:
-    """Held-out accuracy at a global step: the validation there, or a straight line between the validations on
-    either side of it (None outside them)."""
-    points = sorted((int(s), v[kind]) for s, v in result["val"].items() if v.get(kind) is not None)
-    for (s0, a0), (s1, a1) in zip(points, points[1:], strict=False):
-        if s0 <= step <= s1:
-            return a0 if step == s0 else a1 if step == s1 else a0 + (a1 - a0) * (step - s0) / (s1 - s0)
-    return points[0][1] if len(points) == 1 and points[0][0] == step else None
+    """Held-out accuracy at a global step: the validation there, or on the line between the validations on either
+    side of it (None outside them)."""
+    return on_line(sorted((int(s), v[kind]) for s, v in result["val"].items() if v.get(kind) is not None), step)
 
 
 def gap(a: dict[str, Any], b: dict[str, Any], step: int, kind: str) -> float | None:
@@ -388,12 +393,8 @@ def accuracy_at_fresh(result: dict[str, Any], fork: int, batch_questions: int, t
     """Held-out accuracy once ``target`` fresh questions are consumed, linear between the two validations around
     it (None when the future never got that far)."""
     used = fresh_consumed(result, fork, batch_questions)
-    points = sorted((used[s], v[kind]) for s_, v in result["val"].items()
-                    if (s := int(s_)) in used and v.get(kind) is not None)
-    for (q0, a0), (q1, a1) in zip(points, points[1:], strict=False):
-        if q0 <= target <= q1:
-            return a0 if q1 == q0 else a0 + (a1 - a0) * (target - q0) / (q1 - q0)
-    return None
+    return on_line(sorted((used[s], v[kind]) for s_, v in result["val"].items()
+                          if (s := int(s_)) in used and v.get(kind) is not None), target)
 
 
 def batch_questions(trunk: dict[str, Any]) -> int:
@@ -559,11 +560,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(report(args.plots))
             return
         text = report(args.out.parent if args.plots is None else args.plots)
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
         runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*__*__seed*.json"))]
         cpus = sorted({r.get("cpu", "?") for r in runs})
         header = [f"Written by `python benchmarks/fork_study.py report --out {args.out.name}` at commit "
-                  f"{commit.stdout.strip()}, {dt.date.today().isoformat()}, from {len(runs)} result files in "
+                  f"{source_state()}, {dt.date.today().isoformat()}, from {len(runs)} result files in "
                   f"{RESULTS.relative_to(REPO) if RESULTS.is_relative_to(REPO) else RESULTS} (runs on: "
                   f"{'; '.join(cpus)}).", ""]
         args.out.write_text("\n".join(header) + text + "\n")
