@@ -21,7 +21,14 @@ from verl.utils.device import auto_set_device
 from verl.utils.logging_utils import configure_verl_logging
 
 from exgrpo.algorithm.config import ExGRPOConfig
-from recipe.exgrpo.settings import RecipeSettings, apply_loss_horizon, check_verl_settings, load_settings
+from recipe.exgrpo.settings import (
+    RecipeSettings,
+    apply_loss_horizon,
+    check_step_count,
+    check_verl_settings,
+    check_worker_section,
+    load_settings,
+)
 from recipe.exgrpo.storage import TOKEN_ENV, StorageError, check_every_node, write_marker
 
 
@@ -75,6 +82,8 @@ def prepare_exgrpo_config(config: DictConfig) -> tuple[ExGRPOConfig, RecipeSetti
     cluster start-up. Returns the parsed section, which the trainer receives (:func:`task_runner_for`)."""
     core, recipe = load_settings(config)
     check_verl_settings(config, core)
+    check_step_count(config, core)
+    check_worker_section(config, core, recipe)
     apply_loss_horizon(config, recipe)
     return core, recipe
 

@@ -18,7 +18,7 @@ POOL_FILE_NAME = "exgrpo_pool.npz"
 PENDING_FILE_NAME = "exgrpo_pending_fresh.json"  # deferred fresh rows' question ids, beside the pool file
 IN_FLIGHT_FILE_NAME = "exgrpo_in_flight.json"  # asynchronous modes: the groups submitted and not yet trained
 # verl's V1 trainer modes the recipe runs ExGRPO in (recipe.exgrpo.trainer.TRAINERS)
-TRAINER_MODES = ("sync", "colocate_async")
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 
 
 @dataclass(frozen=True)
@@ -195,14 +195,10 @@ def check_verl_settings(config: Any, core: ExGRPOConfig) -> None:
     if not trainer.get("use_v1", True):
         raise ValueError("trainer.use_v1=false: the ExGRPO recipe targets verl's V1 trainer; set trainer.use_v1=true")
     mode = trainer["v1"]["trainer_mode"]
-    if mode == "separate_async":
-        raise ValueError(
-            "trainer.v1.trainer_mode='separate_async': not supported by the ExGRPO recipe yet (its rollout and "
-            "trainer GPUs, and a step split into parameter_sync_step mini-batch updates, are untested with replay); "
-            "use 'colocate_async' or 'sync'"
-        )
     if mode not in TRAINER_MODES:
         raise ValueError(f"trainer.v1.trainer_mode={mode!r}: the ExGRPO recipe runs in {', '.join(TRAINER_MODES)}")
+    if mode == "separate_async":
+        check_separate_async(config, replay=core.enable)
     check_sequence_parallel_attention(config)
     actor = config["actor_rollout_ref"]["actor"]
     if core.skip_step_grad_norm is not None and actor.get("strategy", "fsdp") not in ("fsdp", "fsdp2"):
@@ -300,6 +296,71 @@ def check_sequence_parallel_attention(config: Any) -> None:
         f"{', '.join(sorted(ULYSSES_ATTENTION))}, so each rank would attend within its own slice of the sequence; "
         f"use {ATTENTION_KEY}=flash_attention_2 or sequence-parallel size 1"
     )
+
+
+def check_step_count(config: Any, core: ExGRPOConfig) -> None:
+    """With replay on, the run's length must be given in steps: verl counts an epoch as len(train set) //
+    train_batch_size steps (``steps_per_epoch``), but an ExGRPO step draws only B - n_replay fresh questions, so
+    ``total_epochs`` alone would end the run part-way through its passes (about half of each at rho = 0.5), and
+    verl's ``training/epoch`` counts those steps, not passes over the data."""
+    trainer = config["trainer"]
+    if core.enable and trainer.get("total_training_steps", None) is None:
+        raise ValueError(
+            f"trainer.total_epochs={trainer.get('total_epochs')} without trainer.total_training_steps: verl counts an "
+            "epoch as len(train set) // train_batch_size steps, but an ExGRPO step draws only B - n_replay fresh "
+            "questions, so the run would stop part-way through its passes; set trainer.total_training_steps"
+        )
+
+
+def check_separate_async(config: Any, replay: bool) -> None:
+    """What verl 0.9.1's ``PPOTrainerSeparateAsync.__init__`` asserts, refused here in one line before Ray starts.
+
+    That mode ties the mini-batch to the weight-sync interval (``train_batch_size = parameter_sync_step x
+    ppo_mini_batch_size``) and needs a weight-sync engine that can reach a rollout on other devices: ``naive`` only
+    updates a rollout that shares the trainer's processes.
+    """
+    data, actor = config["data"], config["actor_rollout_ref"]["actor"]
+    sync_step = (config["trainer"]["v1"].get("separate_async", None) or {}).get("parameter_sync_step", 1)
+    if int(data["train_batch_size"]) != int(sync_step) * int(actor["ppo_mini_batch_size"]):
+        raise ValueError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={actor['ppo_mini_batch_size']} with "
+            f"trainer.v1.separate_async.parameter_sync_step={sync_step}: verl's separate_async trainer needs "
+            f"data.train_batch_size ({data['train_batch_size']}) = parameter_sync_step x ppo_mini_batch_size"
+            + (f"; ExGRPO plans a step's questions once (parameter_sync_step=1): set "
+               f"trainer.v1.separate_async.parameter_sync_step=1 and ppo_mini_batch_size={data['train_batch_size']}"
+               if replay else "")
+        )
+    backend = config["actor_rollout_ref"]["rollout"]["checkpoint_engine"]["backend"]
+    if backend == "naive":
+        raise ValueError(
+            "actor_rollout_ref.rollout.checkpoint_engine.backend='naive' cannot update a rollout on separate "
+            "devices: use 'nccl' on GPUs, or on a CPU 'gloo' with actor_rollout_ref.rollout.checkpoint_engine."
+            "custom_backend_module=recipe.exgrpo.cpu.checkpoint_engine"
+        )
+
+
+def check_worker_section(config: Any, core: ExGRPOConfig, recipe: RecipeSettings) -> None:
+    """The actor workers receive only ``actor_rollout_ref``, and read ExGRPO's section from
+    ``actor_rollout_ref.exgrpo`` (the recipe yaml interpolates it from the top-level one). A config without it (verl's
+    ``ppo_trainer`` plus a top-level ``exgrpo:``) would train with verl's ``ppo_loss``, replayed rows as clipped PPO
+    without w or f(w), and nothing would say so; one that differs would train another ExGRPO than the driver plans."""
+    section = config["actor_rollout_ref"].get("exgrpo", None)
+    if section is None:
+        raise ValueError(
+            "actor_rollout_ref.exgrpo is missing: the actor workers, which receive only actor_rollout_ref, would "
+            "train with verl's ppo_loss and not ExGRPO's; add actor_rollout_ref.exgrpo: ${exgrpo} (as "
+            "recipe/exgrpo/config/exgrpo_trainer.yaml does)"
+        )
+    worker_core, worker_recipe = parse_section(section)
+    differ = [f"{name}: {a!r} vs {b!r}" for name, (a, b) in (
+        *((f.name, (getattr(core, f.name), getattr(worker_core, f.name))) for f in dataclasses.fields(core)),
+        *((f.name, (getattr(recipe, f.name), getattr(worker_recipe, f.name))) for f in dataclasses.fields(recipe)),
+    ) if a != b]
+    if differ:
+        raise ValueError(
+            f"actor_rollout_ref.exgrpo differs from exgrpo ({'; '.join(differ)}): the workers would train another "
+            "ExGRPO than the trainer plans; leave actor_rollout_ref.exgrpo at its interpolation ${exgrpo}"
+        )
 
 
 def check_grad_clip(config: Any) -> None:

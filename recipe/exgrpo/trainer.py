@@ -1,4 +1,5 @@
-"""ExGRPO on verl 0.9.1's V1 trainers: the synchronous one, and ``colocate_async`` (partial rollout).
+"""ExGRPO on verl 0.9.1's V1 trainers: the synchronous one, ``colocate_async`` (partial rollout) and
+``separate_async`` (rollout on its own devices).
 
 One step, in order (the parent's ``_step_once`` with four insertions, marked ExGRPO):
   1. prepare_step [ExGRPO]: B distinct questions: n_replay from the pool (K - 1 sessions each via
@@ -18,8 +19,8 @@ With ``exgrpo.enable=false`` every override defers to the parent: stock verl GRP
 The step's rules (composition, the stored member's choice, collection) are the core's (``exgrpo.algorithm``);
 this file keeps what verl's engine does around them. The ExGRPO part is one mixin, :class:`ExGRPOTrainerMixin`, over
 each verl trainer class (:data:`TRAINERS`, by ``trainer.v1.trainer_mode``), with replay insertion (``replay.py``)
-and the checkpointed state (``state.py``) mixed in; what the asynchronous mode changes is its own class's,
-:class:`ExGRPOColocateAsyncTrainer`. What that means for the algorithm (docs/gpu.md, "Asynchronous training"): a
+and the checkpointed state (``state.py``) mixed in; what the asynchronous modes change is in
+:class:`AsyncGroupsMixin` and their own classes. What that means for the algorithm (docs/gpu.md, "Asynchronous training"): a
 group is trained in the step that samples it, which may come after the step that
 submitted it; its question stays out of every draw until then, so the pool entry it was chosen from is the one
 its stored member is picked from; the trajectories it stores carry the log-probs of the policy that trained on it
@@ -42,6 +43,7 @@ import transfer_queue as tq
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.rl_dataset import collate_fn
@@ -109,14 +111,19 @@ class ExGRPOTrainerMixin(ReplayInsertionMixin, ExGRPOStateMixin):
         return result
 
     # ------------------------------------------------------------------ workers
+    @staticmethod
+    def actor_worker_class() -> type:
+        """The ExGRPO worker over the actor worker class of the mode (verl's ActorRolloutRefWorker here)."""
+        from recipe.exgrpo.worker import ExGRPOActorRolloutRefWorker
+
+        return ExGRPOActorRolloutRefWorker
+
     def _init_resource_pool_mgr(self):
         """The parent's mapping, with the actor role served by the ExGRPO worker class."""
         super()._init_resource_pool_mgr()
-        from recipe.exgrpo.worker import ExGRPOActorRolloutRefWorker
-
         for role in (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor):
             if role in self.role_worker_mapping:
-                self.role_worker_mapping[role] = ray.remote(ExGRPOActorRolloutRefWorker)
+                self.role_worker_mapping[role] = ray.remote(self.actor_worker_class())
 
     # ------------------------------------------------------------------ prompts
     def _next_dataset_row(self) -> dict[str, Any]:
@@ -334,14 +341,12 @@ class ExGRPOTrainer(ExGRPOTrainerMixin, PPOTrainerSync):
     """``trainer.v1.trainer_mode=sync``: rollout and training on the same GPUs, one step's prompts at a time."""
 
 
-class ExGRPOColocateAsyncTrainer(ExGRPOTrainerMixin, PPOTrainerColocateAsync):
-    """``trainer.v1.trainer_mode=colocate_async``: rollout and training on the same GPUs; generations unfinished
-    when a step's batch is full are aborted and resumed after the weight update (partial rollout), and
-    ``num_warmup_batches`` batches are submitted ahead, so a step trains groups an earlier step submitted.
-
-    Such groups are in flight across steps: their questions stay out of later draws, a replay group not in this
-    step's batch is not counted as lost, and a checkpoint keeps which question each is (verl's TransferQueue state
-    keeps their prompts and re-issues them under the same uids on resume)."""
+class AsyncGroupsMixin:
+    """What both asynchronous modes share: a step trains groups an earlier step submitted (``num_warmup_batches``
+    batches are submitted ahead, and generation runs on while a step trains), so groups are in flight across steps.
+    Their questions stay out of later draws, a replay group not in this step's batch is not counted as lost, and a
+    checkpoint keeps which question each is (verl's TransferQueue state keeps their prompts and re-issues them under
+    the same uids on resume)."""
 
     def live_prompt_uids(self) -> set[str]:
         """uids of the training groups TransferQueue still holds: submitted and not yet sampled by a step (verl's
@@ -360,12 +365,22 @@ class ExGRPOColocateAsyncTrainer(ExGRPOTrainerMixin, PPOTrainerColocateAsync):
 
     def load_in_flight(self, folder: str | None) -> None:
         """The resumed step's groups in flight, which verl restores from its TransferQueue state and re-issues
-        under the same uids: which question each is, and which are replay groups. Without the file (a checkpoint
-        of the synchronous mode) they are trained as fresh groups and not collected, with a warning."""
+        under the same uids: which question each is, and which are replay groups.
+
+        Without the file, a checkpoint in which verl restored no group (one of the synchronous mode) resumes as it
+        is; one in which verl restored groups stops, naming the file: ExGRPO could not tell a replay group (K - 1
+        rollouts, a stored member to insert) from a fresh one, and a question in flight could be drawn again beside
+        it."""
         path = os.path.join(folder, IN_FLIGHT_FILE_NAME) if folder else None
         if path is None or not os.path.isfile(path):
-            logger.warning(f"ExGRPO: no {IN_FLIGHT_FILE_NAME} in the resumed checkpoint; groups restored by verl are "
-                           "trained without replay and not collected")
+            restored = int(getattr(self, "_restored_tq_prompt_count", 0))
+            if restored:
+                raise RuntimeError(
+                    f"ExGRPO cannot resume step {self.global_steps}: {path or IN_FLIGHT_FILE_NAME} is missing, and verl "
+                    f"restored {restored} groups in flight from the checkpoint's transfer_queue state, which ExGRPO "
+                    "cannot tell apart (replay groups, questions); restore the file, or move the checkpoint's "
+                    "transfer_queue folder away to resume without those groups"
+                )
             return
         groups = state.load_in_flight(path)
         self._groups = {uid: GroupInfo(qid, replay) for uid, (qid, replay) in groups.items()}
@@ -373,8 +388,32 @@ class ExGRPOColocateAsyncTrainer(ExGRPOTrainerMixin, PPOTrainerColocateAsync):
               f"({sum(r for _, r in groups.values())} replayed)", flush=True)
 
 
+class ExGRPOColocateAsyncTrainer(AsyncGroupsMixin, ExGRPOTrainerMixin, PPOTrainerColocateAsync):
+    """``trainer.v1.trainer_mode=colocate_async``: rollout and training on the same GPUs; generations unfinished
+    when a step's batch is full are aborted and resumed after the weight update (partial rollout), and
+    ``num_warmup_batches`` batches are submitted ahead, so a step trains groups an earlier step submitted."""
+
+
+class ExGRPOSeparateAsyncTrainer(AsyncGroupsMixin, ExGRPOTrainerMixin, PPOTrainerSeparateAsync):
+    """``trainer.v1.trainer_mode=separate_async``: rollout on its own devices, never paused by training; the weights
+    reach it through a checkpoint engine after each step (``checkpoint_engine.backend``: nccl on GPUs, gloo on a
+    CPU), so a group may be generated across several weight versions and trained several steps after it was
+    submitted. verl's actor worker for this mode (``DetachActorWorker``, which keeps pi_old in host memory) is
+    served with the ExGRPO loss (:class:`recipe.exgrpo.worker.ExGRPODetachActorWorker`)."""
+
+    @staticmethod
+    def actor_worker_class() -> type:
+        from recipe.exgrpo.worker import ExGRPODetachActorWorker
+
+        return ExGRPODetachActorWorker
+
+
 # verl's trainer_mode -> the ExGRPO trainer over that mode's verl class (settings.TRAINER_MODES names these)
-TRAINERS: dict[str, type] = {"sync": ExGRPOTrainer, "colocate_async": ExGRPOColocateAsyncTrainer}
+TRAINERS: dict[str, type] = {
+    "sync": ExGRPOTrainer,
+    "colocate_async": ExGRPOColocateAsyncTrainer,
+    "separate_async": ExGRPOSeparateAsyncTrainer,
+}
 
 
 

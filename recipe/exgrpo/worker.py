@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict
+from verl.experimental.separation.engine_workers import DetachActorWorker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils import tensordict_utils as tu
 from verl.workers.config import ActorConfig
@@ -167,3 +168,8 @@ class ExGRPOActorRolloutRefWorker(ActorRolloutRefWorker):
         width = padded_mask.shape[-1]
         scores = mean_token_entropy(padded_entropy[:, :width].float(), padded_mask)
         return TensorDict({MEAN_ENTROPY_FIELD: scores.to(torch.float32)}, batch_size=[len(scores)])
+
+
+class ExGRPODetachActorWorker(ExGRPOActorRolloutRefWorker, DetachActorWorker):
+    """The ExGRPO worker for ``separate_async``, over verl's ``DetachActorWorker``, whose host-memory copies of the
+    weights that mode's trainer calls at every step (``save_model_to_cpu`` before the old log-probs)."""

@@ -79,12 +79,15 @@ class ScriptedAgentLoopManager:
         # While true, new groups are written but their prompt stays "running" (a generation the step's sampling
         # cannot take yet, as an asynchronous mode's in-flight request) until ``release``.
         self.hold = False
-        self.held: list[str] = []
+        self.hold_qids: set[str] = set()  # questions held the same way, whatever ``hold`` says
+        self.held: list[tuple[str, str]] = []  # (uid, qid)
 
-    def release(self) -> None:
-        for uid in self.held:
-            tq.kv_put(key=uid, partition_id="train", tag={"status": "finished"})
-        self.held = []
+    def release(self, qids: set[str] | None = None) -> None:
+        """Finish the held generations (of ``qids`` only, when given)."""
+        for uid, qid in self.held:
+            if qids is None or qid in qids:
+                tq.kv_put(key=uid, partition_id="train", tag={"status": "finished"})
+        self.held = [(uid, qid) for uid, qid in self.held if qids is not None and qid not in qids]
 
     def generate_sequences(self, batch) -> None:
         tokenizer = self.policy.tokenizer
@@ -144,8 +147,8 @@ class ScriptedAgentLoopManager:
                              "min_global_steps": step, "max_global_steps": step})
             if keys:
                 tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
-            if self.hold and not failed:
-                self.held.append(uid)
+            if (self.hold or prompt["extra_info"]["qid"] in self.hold_qids) and not failed:
+                self.held.append((uid, prompt["extra_info"]["qid"]))
                 tq.kv_put(key=uid, partition_id="train", tag={"status": "running"})
             else:
                 tq.kv_put(key=uid, partition_id="train", tag={"status": "failure" if failed else "finished"})
@@ -174,6 +177,19 @@ class ForwardingWorkerGroup:
     def update_actor(self, meta):
         self.calls.append("update_actor")
         return self.worker.update_actor(meta)
+
+    # separate_async (verl's DetachActorWorker): pi_old kept in host memory across a step's local updates
+    def save_model_to_cpu(self, n):
+        self.calls.append(f"save_model_to_cpu({n})")
+        return self.worker.save_model_to_cpu(n)
+
+    def restore_model_from_cpu(self, n):
+        self.calls.append(f"restore_model_from_cpu({n})")
+        return self.worker.restore_model_from_cpu(n)
+
+    def clear_cpu_model(self, n):
+        self.calls.append(f"clear_cpu_model({n})")
+        return self.worker.clear_cpu_model(n)
 
     def save_checkpoint(self, local_path, *args, **kwargs):
         Path(local_path).mkdir(parents=True, exist_ok=True)
@@ -209,6 +225,9 @@ class _RewardManager:
 
 
 class _CheckpointEngine:
+    def __init__(self) -> None:
+        self.updates: list[int] = []  # the steps whose weights were pushed to the rollout
+
     def sleep_replicas(self):
         return None
 
@@ -219,7 +238,8 @@ class _CheckpointEngine:
         return None
 
     def update_weights(self, step):
-        return None
+        self.updates.append(int(step))
+        return {}
 
 
 def trainer_overrides(model_dir, train, val, ckpt_dir, n_rollouts: int, batch_size: int) -> list[str]:
@@ -245,6 +265,7 @@ def build_trainer(config, worker, correct: dict[str, set[int]], cls=ExGRPOTraine
     trainer.actor_rollout_wg = ForwardingWorkerGroup(worker)
     trainer.reward_loop_manager = _RewardManager([InProcessRewardHandle(trainer.config)])
     trainer.checkpoint_manager = _CheckpointEngine()
+    trainer.standalone_checkpoint_manager = _CheckpointEngine()  # separate_async: the rollout's own devices
     trainer.curr_step_profile = False
     trainer.global_steps = 1
     return trainer, policy

@@ -43,8 +43,9 @@ def compose_config(overrides: list[str]):
         return compose(config_name="exgrpo_trainer", overrides=overrides)
 
 
-def build_actor_worker(config, enable_exgrpo: bool = True):
-    """An in-process ExGRPO actor worker (role 'actor': no rollout engine) over the tiny model."""
+def build_actor_worker(config, enable_exgrpo: bool = True, cls: type | None = None):
+    """An in-process ExGRPO actor worker (role 'actor': no rollout engine) over the tiny model; ``cls`` another
+    ExGRPO worker class (separate_async's)."""
     from omegaconf import OmegaConf, open_dict
 
     from recipe.exgrpo.worker import ExGRPOActorRolloutRefWorker
@@ -52,7 +53,7 @@ def build_actor_worker(config, enable_exgrpo: bool = True):
     config = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
     with open_dict(config):
         config.actor_rollout_ref.exgrpo.enable = enable_exgrpo
-    worker = ExGRPOActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
+    worker = (cls or ExGRPOActorRolloutRefWorker)(config.actor_rollout_ref, role="actor")
     worker.init_model()
     return worker
 
@@ -120,7 +121,7 @@ ENTRY_POINT_BASICS = [
     "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.name=vllm",
-    "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+    "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.total_training_steps=2",
 ]
 
 

@@ -44,13 +44,16 @@ def test_entry_point_runs_through_task_runner_and_trainer_init_up_to_the_gpu_poo
         ("exgrpo.rho=1.5", "error: exgrpo.rho=1.5: must lie in [0, 1]"),
         ("exgrpo.n_rollouts=1", "error: exgrpo.n_rollouts=1"),
         ("exgrpo.skip_step_grad_norm=500", None),  # valid: reaches verl, whose own validation then stops it
+        # verl's epochs count B fresh rows a step; with replay the run's length is given in steps
+        ("trainer.total_training_steps=null", "error: trainer.total_epochs=30 without trainer.total_training_steps: "),
     ],
 )
 def test_recipe_checks_run_first_and_say_one_line_without_ray(override, message):
     """A bare ``python -m recipe.exgrpo.main_exgrpo`` with nothing else set: ExGRPO's own errors come before verl's
     validation (which would otherwise stop first on an unrelated assert) and before Ray, as one line."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "EXGRPO_DEBUG")}
-    result = subprocess.run([sys.executable, "-m", "recipe.exgrpo.main_exgrpo", override], cwd=REPO, env=env,
+    command = [sys.executable, "-m", "recipe.exgrpo.main_exgrpo", "trainer.total_training_steps=5", override]
+    result = subprocess.run(command, cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     if message is None:
