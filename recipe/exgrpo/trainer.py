@@ -24,7 +24,8 @@ and the checkpointed state (``state.py``) mixed in; what the asynchronous modes 
 group is trained in the step that samples it, which may come after the step that
 submitted it; its question stays out of every draw until then, so the pool entry it was chosen from is the one
 its stored member is picked from; the trajectories it stores carry the log-probs of the policy that trained on it
-(recomputed, as in the synchronous mode), never the rollout engine's, which may span a weight update.
+(recomputed, as in the synchronous mode), not the rollout engine's: free of the engines' numerical gap, but one
+policy version per step of staleness away from the policy that sampled them.
 """
 
 from __future__ import annotations
@@ -406,6 +407,19 @@ class ExGRPOSeparateAsyncTrainer(AsyncGroupsMixin, ExGRPOTrainerMixin, PPOTraine
         from recipe.exgrpo.worker import ExGRPODetachActorWorker
 
         return ExGRPODetachActorWorker
+
+    def _setup(self):
+        """verl's set-up. Without hybrid replicas (``actor_rollout_ref.hybrid_engine=false``) verl 0.9.1's
+        ``_setup`` (trainer_separate_async.py:181) passes ``flush=True`` to ``logger.info``, which raises a
+        TypeError wherever INFO is enabled (verl's default ``VERL_LOGGING_LEVEL``); its module logger is held at
+        WARNING for the call."""
+        verl_logger = logging.getLogger(PPOTrainerSeparateAsync.__module__)
+        level = verl_logger.level
+        verl_logger.setLevel(max(logging.WARNING, verl_logger.getEffectiveLevel()))
+        try:
+            super()._setup()
+        finally:
+            verl_logger.setLevel(level)
 
 
 # verl's trainer_mode -> the ExGRPO trainer over that mode's verl class (settings.TRAINER_MODES names these)

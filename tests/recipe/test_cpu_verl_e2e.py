@@ -359,6 +359,19 @@ ASYNC = "trainer.v1.trainer_mode=colocate_async"
 # strict grading, and which groups those are depends on the machine's speed. The delayed-start rule itself is the
 # sync paper twin's to check.)
 ASYNC_STEPS = 3
+# verl's separate_async on this CPU: the rollout on a device of its own (Ray is told of two: one for the trainer's
+# rank, one for the standalone vLLM), the weights sent after each step by the recipe's gloo engine, one update a
+# step (parameter_sync_step=1, so the mini-batch is the step's batch), and vLLM's KV cache kept between updates
+# (its CPU build has no sleep mode)
+SEPARATE = ("trainer.v1.trainer_mode=separate_async", "trainer.v1.separate_async.parameter_sync_step=1",
+            "trainer.v1.separate_async.num_warmup_batches=1",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=${data.train_batch_size}",
+            "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=1", "ray_kwargs.ray_init.num_gpus=2",
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
+            "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.exgrpo.cpu.checkpoint_engine",
+            "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",
+            "actor_rollout_ref.rollout.free_cache_engine=false")
 ASYNC_LATCH_AT_ONCE = "exgrpo.start_acc=0.0"
 
 
@@ -372,13 +385,16 @@ def in_flight_lines(output: str, verb: str) -> dict[int, tuple[int, int]]:
     return {int(s): (int(g), int(r)) for g, s, r in re.findall(pattern, output)}
 
 
-def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_its_pool_and_groups_in_flight(job_root):
+def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_in_separate_async_with_its_groups_in_flight(
+    job_root
+):
     """The 7B paper script's twin with ``trainer.v1.trainer_mode=colocate_async`` (partial rollout, one warm-up
     batch ahead), as a user starts it: it replays the questions a step chose once the next step trains their groups,
-    saves the groups in flight beside the pool at each step, and a rerun two steps further resumes with the saved
-    pool digest and the same groups in flight, which verl re-issues: every restored replay group is completed by its
-    stored member once a step trains it (by the second resumed step at the latest, verl sampling the oldest groups
-    first). The rerun also bounds the gradient norm at 1e-9, so the guard skips its updates and the weights it saves
+    saves the groups in flight beside the pool at each step. A rerun two steps further moves the run to
+    ``separate_async`` (the rollout on a device of its own, the weights sent to it by the recipe's gloo engine after
+    every step): it resumes with the saved pool digest and the same groups in flight, which verl re-issues, and every
+    restored replay group is completed by its stored member once a step trains it (by the second resumed step at the
+    latest, verl sampling the oldest groups first). The rerun also bounds the gradient norm at 1e-9, so the guard skips its updates and the weights it saves
     are the ones it resumed from, and it overrides a key the paper profile adds, which reaches verl's reward. Nothing
     here depends on how fast generation runs against training: that a group trained in a later step
     than the one that submitted it keeps its bookkeeping is tests/recipe/test_async_tq.py's, with held generations;
@@ -417,8 +433,11 @@ def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_its_pool_a
     # The same command two steps further, with the grad-norm bound at 1e-9 and a user's value for a key the paper
     # profile adds (``+...strict_format``: hydra refused the doubled key before the launcher merged with its parser).
     more = run_job(job_root / "user", ckpt, "async_resume", f"trainer.total_training_steps={ASYNC_STEPS + 2}",
-                   *common, "exgrpo.skip_step_grad_norm=1e-9", STRICT_OFF, env_extra=env)
+                   *(arg for arg in common if arg != ASYNC), *SEPARATE, "exgrpo.skip_step_grad_norm=1e-9", STRICT_OFF,
+                   env_extra=env)
     assert_clean_exit(more)
+    assert "'trainer_mode': 'separate_async'" in more.output and "'backend': 'gloo'" in more.output
+    assert "hybrid replicas disabled" not in more.output  # verl's INFO line that raises (the trainer's _setup)
     assert "'strict_format': False" in more.output and "'strict_format': True" not in more.output
     assert f"Resuming from {ckpt / f'global_step_{ASYNC_STEPS}'}" in more.output, more.tail()
     # The pool the resumed trainer holds is, bit for bit, the one the first run saved (questions, buckets,
@@ -439,6 +458,7 @@ def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_its_pool_a
     assert resumed == [ASYNC_STEPS + 1, ASYNC_STEPS + 2]
     inserted = sum(more.metrics[s]["exgrpo/inserted"] for s in resumed)
     assert inserted >= replayed, {s: more.metrics[s] for s in resumed}
+    assert all(more.metrics[s]["timing_s/update_weights"] > 0 for s in resumed)  # sent to the rollout each step
     assert all(more.metrics[s]["exgrpo/replay_groups_without_candidates"] == 0 for s in resumed
                if "exgrpo/replay_groups_without_candidates" in more.metrics[s])
     # Every update of the resumed steps was skipped by the guard: reported, and the weights saved at the end are the
