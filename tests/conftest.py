@@ -40,7 +40,8 @@ E2E_TESTS = {"test_entry_point.py::test_entry_point_runs_through_task_runner_and
              # separate_async's harness: verl's FSDP2 engine in the worker of that mode
              "test_separate_async_tq.py::test_the_mode_serves_its_actor_role_with_the_exgrpo_loss_over_verls_detach_worker",
              "test_separate_async_tq.py::test_separate_async_trains_groups_two_steps_late_and_keeps_every_batch_in_flight_"
-             "out_of_the_draw"}
+             "out_of_the_draw",
+             "test_separate_async_tq.py::test_stored_log_probs_rollout_stores_what_the_rollout_engine_returned"}
 
 
 def _vllm_cpu_build_installed() -> bool:

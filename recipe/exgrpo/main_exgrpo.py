@@ -25,6 +25,7 @@ from recipe.exgrpo.settings import (
     RecipeSettings,
     apply_loss_horizon,
     check_step_count,
+    check_stored_log_probs,
     check_verl_settings,
     check_worker_section,
     load_settings,
@@ -83,6 +84,7 @@ def prepare_exgrpo_config(config: DictConfig) -> tuple[ExGRPOConfig, RecipeSetti
     core, recipe = load_settings(config)
     check_verl_settings(config, core)
     check_step_count(config, core)
+    check_stored_log_probs(config, recipe)
     check_worker_section(config, core, recipe)
     apply_loss_horizon(config, recipe)
     return core, recipe

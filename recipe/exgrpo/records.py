@@ -210,3 +210,32 @@ def group_outcome_shares(
         out[f"exgrpo/{prefix}_all_wrong"] = sum(r[0] == reward_min for r in equal) / n if n else float("nan")
         out[f"exgrpo/{prefix}_all_right"] = sum(r[0] == reward_max for r in equal) / n if n else float("nan")
     return out
+
+
+def staleness_bucket(staleness: int) -> str:
+    """The metric-name bucket of a stored trajectory's staleness: ``0``, ``1`` or ``2+`` policy versions."""
+    return str(staleness) if staleness < 2 else "2+"
+
+
+def replay_weight_spread(rows: Iterable[tuple[int | None, np.ndarray]]) -> dict[str, float]:
+    """Spread of the replay weight w = pi_theta / pi_past over replayed tokens, by the staleness the stored trajectory
+    had when it was collected (None: not known, a run resumed since, left out).
+
+    ``rows`` holds each replayed row's staleness and per-token log w. Taken after the old-log-prob pass, where
+    pi_theta is the step's policy before its first update (the first mini-batch's w, exactly). Per bucket b:
+    ``exgrpo/replay_w_mean/staleness_b`` and ``exgrpo/replay_w_std/staleness_b`` (mean and standard deviation of
+    w over its tokens: steps pool by token count), ``exgrpo/replay_log_w_abs/staleness_b`` (mean |log w|) and
+    ``exgrpo/replay_w_tokens/staleness_b``.
+    """
+    buckets: dict[str, list[np.ndarray]] = {}
+    for staleness, log_w in rows:
+        if staleness is not None and staleness >= 0 and len(log_w):
+            buckets.setdefault(staleness_bucket(int(staleness)), []).append(np.asarray(log_w, dtype=np.float64))
+    out: dict[str, float] = {}
+    for bucket, parts in buckets.items():
+        log_w = np.concatenate(parts)
+        out[f"exgrpo/replay_w_mean/staleness_{bucket}"] = float(np.exp(log_w).mean())
+        out[f"exgrpo/replay_w_std/staleness_{bucket}"] = float(np.exp(log_w).std())
+        out[f"exgrpo/replay_log_w_abs/staleness_{bucket}"] = float(np.abs(log_w).mean())
+        out[f"exgrpo/replay_w_tokens/staleness_{bucket}"] = float(log_w.size)
+    return out

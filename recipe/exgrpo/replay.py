@@ -28,6 +28,7 @@ from recipe.exgrpo.records import (
     CANDIDATE_PARTITION,
     MEAN_ENTROPY_FIELD,
     ReplayedMember,
+    replay_weight_spread,
     exgrpo_fields,
     final_outputs,
     replay_record,
@@ -47,9 +48,11 @@ class ReplayInsertionMixin:
 
     _step_replayed: dict[str, ReplayedMember]
     _replay_has_rollout_log_probs: bool
+    _stored_staleness: dict[tuple[str, int], int]  # (question, collection step) -> its group's staleness then
 
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        """The parent's pass; then replayed rows get the current actor's log-probs as ``rollout_log_probs``.
+        """The parent's pass; then the spread of the replayed rows' w by staleness (:func:`replay_weight_spread`),
+        and replayed rows get the current actor's log-probs as ``rollout_log_probs``.
 
         verl compares ``rollout_log_probs`` with the actor's (``training/rollout_probs_diff_*`` here,
         ``rollout_corr/*`` in the advantage pass) to diagnose the rollout engine; a replayed row was not
@@ -60,9 +63,16 @@ class ReplayInsertionMixin:
         """
         batch = super()._compute_old_log_prob(batch, metrics=metrics)
         replayed = [key for key in batch.keys if key in self._step_replayed]
-        if not (self.exgrpo_enabled and replayed and self._replay_has_rollout_log_probs):
+        if not (self.exgrpo_enabled and replayed):
             return batch
         old = tq.kv_batch_get(keys=replayed, partition_id=batch.partition_id, select_fields=["old_log_probs"])
+        members = [self._step_replayed[key] for key in replayed]
+        metrics.update(replay_weight_spread(
+            (self._stored_staleness.get((m.qid, m.step)), lp.float().numpy() - m.log_probs)
+            for m, lp in zip(members, old["old_log_probs"].unbind(), strict=True)
+        ))
+        if not self._replay_has_rollout_log_probs:
+            return batch
         # In float32, the rollout engine's dtype for the field (a bf16 engine's log-probs widen exactly): a column of
         # TransferQueue holds one dtype, and a bf16 write is refused by its controller with only a logged error.
         tq.kv_batch_put(

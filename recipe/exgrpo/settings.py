@@ -17,6 +17,8 @@ from exgrpo.algorithm.config import ExGRPOConfig
 POOL_FILE_NAME = "exgrpo_pool.npz"
 PENDING_FILE_NAME = "exgrpo_pending_fresh.json"  # deferred fresh rows' question ids, beside the pool file
 IN_FLIGHT_FILE_NAME = "exgrpo_in_flight.json"  # asynchronous modes: the groups submitted and not yet trained
+# exgrpo.stored_log_probs -> the TransferQueue field a collected trajectory's behaviour log-probs are read from
+STORED_LOG_PROB_FIELDS = {"recomputed": "old_log_probs", "rollout": "rollout_log_probs"}
 # verl's V1 trainer modes the recipe runs ExGRPO in (recipe.exgrpo.trainer.TRAINERS)
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 
@@ -36,6 +38,13 @@ class RecipeSettings:
         metadata={"help": "Token budget of one candidate-scoring forward chunk per GPU (the entropy scoring of stored "
                   "trajectories); null = actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu."},
     )
+    stored_log_probs: str = field(
+        default="recomputed",
+        metadata={"help": "The log-probs a collected trajectory is stored with, pi_past of its replay weight w: "
+                  "'recomputed', the training actor's (verl's old_log_probs: free of the rollout engine's numerical "
+                  "gap), or 'rollout', the rollout engine's (the probabilities the tokens were sampled with, also for "
+                  "a stale group in an asynchronous mode; needs actor_rollout_ref.rollout.calculate_log_probs=true)."},
+    )
     loss_horizon: int | None = field(
         default=None,
         metadata={"help": "The authors' loss scale (the paper profile: ${data.max_response_length}): each "
@@ -50,6 +59,10 @@ class RecipeSettings:
         if not isinstance(self.allow_empty_pool_on_resume, bool):
             raise ValueError(
                 f"exgrpo.allow_empty_pool_on_resume={self.allow_empty_pool_on_resume!r}: must be true or false"
+            )
+        if self.stored_log_probs not in STORED_LOG_PROB_FIELDS:
+            raise ValueError(
+                f"exgrpo.stored_log_probs={self.stored_log_probs!r}: must be one of {', '.join(STORED_LOG_PROB_FIELDS)}"
             )
         for key in ("score_max_token_len_per_gpu", "loss_horizon"):
             value = getattr(self, key)
@@ -336,6 +349,15 @@ def check_separate_async(config: Any, replay: bool) -> None:
             "actor_rollout_ref.rollout.checkpoint_engine.backend='naive' cannot update a rollout on separate "
             "devices: use 'nccl' on GPUs, or on a CPU 'gloo' with actor_rollout_ref.rollout.checkpoint_engine."
             "custom_backend_module=recipe.exgrpo.cpu.checkpoint_engine"
+        )
+
+
+def check_stored_log_probs(config: Any, recipe: RecipeSettings) -> None:
+    """``exgrpo.stored_log_probs='rollout'`` stores what the rollout engine returns, which it does only when asked."""
+    if recipe.stored_log_probs == "rollout" and not config["actor_rollout_ref"]["rollout"].get("calculate_log_probs"):
+        raise ValueError(
+            "exgrpo.stored_log_probs='rollout' with actor_rollout_ref.rollout.calculate_log_probs=false: the rollout "
+            "engine would return no log-probs to store; set it to true"
         )
 
 

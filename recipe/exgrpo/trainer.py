@@ -59,7 +59,7 @@ from recipe.exgrpo.composition import dataset_stream, question_id
 from recipe.exgrpo.loss import CLIP_FRESH_KEY, finish_replay_metrics
 from recipe.exgrpo.records import ReplayedMember, final_outputs, group_outcome_shares, scalar_reward
 from recipe.exgrpo.replay import ReplayInsertionMixin
-from recipe.exgrpo.settings import IN_FLIGHT_FILE_NAME, RecipeSettings
+from recipe.exgrpo.settings import IN_FLIGHT_FILE_NAME, STORED_LOG_PROB_FIELDS, RecipeSettings
 from recipe.exgrpo.state import ExGRPOStateMixin
 
 logger = logging.getLogger(__name__)
@@ -95,6 +95,9 @@ class ExGRPOTrainerMixin(ReplayInsertionMixin, ExGRPOStateMixin):
         self._compose_metrics: dict[str, float] = {}
         self._step_replayed: dict[str, ReplayedMember] = {}
         self._replay_has_rollout_log_probs = False  # the step's records carry rollout_log_probs (set at insertion)
+        # (question, step collected) -> how many policy versions its group's rollouts were behind then (the w-spread
+        # metrics by staleness; not checkpointed: a resumed run's older trajectories count as unknown)
+        self._stored_staleness: dict[tuple[str, int], int] = {}
         self._fresh_source: FreshStream | None = None
         self._qid_to_index: dict[str, int] | None = None
         self._validations: list[tuple[int, dict[str, Any]]] = []  # (step, verl's validation metrics), for fit's end
@@ -321,12 +324,21 @@ class ExGRPOTrainerMixin(ReplayInsertionMixin, ExGRPOStateMixin):
         keys = [key for uid in groups for _, key in sorted(groups[uid].items())]
         if not keys:
             return
+        stored = STORED_LOG_PROB_FIELDS[self.exgrpo_settings.stored_log_probs]
         data = tq.kv_batch_get(
-            keys=keys, partition_id=batch.partition_id, select_fields=["rm_scores", "responses", "old_log_probs"]
+            keys=keys, partition_id=batch.partition_id, select_fields=["rm_scores", "responses", stored]
         )
         rewards = [scalar_reward(t) for t in data["rm_scores"].unbind()]
         responses = [t.numpy() for t in data["responses"].unbind()]
-        log_probs = [t.float().numpy() for t in data["old_log_probs"].unbind()]
+        log_probs = [t.float().numpy() for t in data[stored].unbind()]
+        # verl's staleness of a rollout (its training/off_policy/trajectory_staleness): policy versions between the
+        # freshest weights that generated it and the step's policy; a group's is its stalest rollout's
+        tag_of = dict(zip(batch.keys, batch.tags, strict=True))
+        for uid, sessions in groups.items():
+            versions = [tag_of[key].get("max_global_steps") for key in sessions.values()]
+            if all(v is not None for v in versions):
+                self._stored_staleness[(self._groups[uid].qid, self.global_steps)] = (
+                    self.global_steps - 1 - min(int(v) for v in versions))
         position = {key: i for i, key in enumerate(keys)}
 
         per_group = {uid: [position[k] for _, k in sorted(s.items())] for uid, s in groups.items()}

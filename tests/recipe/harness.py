@@ -122,6 +122,7 @@ class ScriptedAgentLoopManager:
                 rm_scores = torch.zeros(len(response), dtype=torch.float32)
                 rm_scores[-1] = reward
                 step = int(prompt["global_steps"])
+                version = step - 1  # the weights a step's prompts are generated with: those the step before sent
                 field = {
                     "prompts": prompts,
                     "responses": responses,
@@ -131,8 +132,8 @@ class ScriptedAgentLoopManager:
                     "num_turns": 2,
                     "metrics": {"generate_sequences": 0.0, "tool_calls": 0.0, "compute_score": 0.0,
                                 "num_preempted": -1},
-                    "extra_fields": {"reward_extra_info": {"acc": reward}, "min_global_steps": step,
-                                     "max_global_steps": step},
+                    "extra_fields": {"reward_extra_info": {"acc": reward}, "min_global_steps": version,
+                                     "max_global_steps": version},
                 }
                 field.update(prompt)
                 field["session_id"] = session
@@ -144,7 +145,7 @@ class ScriptedAgentLoopManager:
                 fields.append(field)
                 tags.append({"status": "success", "prompt_len": len(prompt_ids), "response_len": len(response),
                              "seq_len": len(prompt_ids) + len(response), "global_steps": step,
-                             "min_global_steps": step, "max_global_steps": step})
+                             "min_global_steps": version, "max_global_steps": version})
             if keys:
                 tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
             if (self.hold or prompt["extra_info"]["qid"] in self.hold_qids) and not failed:

@@ -364,3 +364,41 @@ def test_the_accepted_attention_names_are_exactly_those_behind_the_flash_functio
         else:
             with pytest.raises(ValueError, match="verl's Ulysses patch covers only"):
                 checked([f"+{ATTENTION}={name}", f"{FSDP_SP}=2"])
+
+
+def test_replay_weight_spread_by_staleness_from_a_hand_computation():
+    import math
+
+    from recipe.exgrpo.records import replay_weight_spread
+
+    ln2 = math.log(2.0)
+    rows = [(0, np.array([0.0, ln2])), (1, np.array([0.0])), (3, np.array([-ln2])), (2, np.array([0.0])),
+            (None, np.array([5.0])), (0, np.array([]))]
+    out = replay_weight_spread(rows)
+    # staleness 0: w = 1, 2; 1: w = 1; 2+: w = 0.5, 1 (staleness 3 and 2); unknown staleness left out
+    assert out == pytest.approx({
+        "exgrpo/replay_w_mean/staleness_0": 1.5, "exgrpo/replay_w_mean/staleness_1": 1.0,
+        "exgrpo/replay_w_mean/staleness_2+": 0.75,
+        "exgrpo/replay_w_std/staleness_0": 0.5, "exgrpo/replay_log_w_abs/staleness_0": ln2 / 2,
+        "exgrpo/replay_w_tokens/staleness_0": 2.0,
+        "exgrpo/replay_w_std/staleness_1": 0.0, "exgrpo/replay_log_w_abs/staleness_1": 0.0,
+        "exgrpo/replay_w_tokens/staleness_1": 1.0,
+        "exgrpo/replay_w_std/staleness_2+": 0.25, "exgrpo/replay_log_w_abs/staleness_2+": ln2 / 2,
+        "exgrpo/replay_w_tokens/staleness_2+": 2.0,
+    })
+    assert replay_weight_spread([]) == {} and replay_weight_spread([(None, np.array([1.0]))]) == {}
+
+
+def test_stored_log_probs_is_one_of_two_and_rollout_needs_the_engines_log_probs():
+    from recipe.exgrpo.main_exgrpo import prepare_exgrpo_config
+
+    steps = "trainer.total_training_steps=5"
+    assert prepare_exgrpo_config(compose_config([steps]))[1].stored_log_probs == "recomputed"
+    assert prepare_exgrpo_config(compose_config([steps, "exgrpo.stored_log_probs=rollout"]))[1].stored_log_probs == (
+        "rollout")
+    with pytest.raises(ValueError, match=r"^exgrpo\.stored_log_probs='engine': must be one of recomputed, rollout$"):
+        prepare_exgrpo_config(compose_config([steps, "exgrpo.stored_log_probs=engine"]))
+    with pytest.raises(ValueError, match=r"^exgrpo\.stored_log_probs='rollout' with actor_rollout_ref\.rollout\."
+                                         r"calculate_log_probs=false: "):
+        prepare_exgrpo_config(compose_config([steps, "exgrpo.stored_log_probs=rollout",
+                                              "actor_rollout_ref.rollout.calculate_log_probs=false"]))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 pytest.importorskip("verl")
@@ -41,23 +42,27 @@ def detach_worker(cpu_engine_env, tiny_model_dir):
     return build_actor_worker(engine_config(tiny_model_dir), cls=ExGRPODetachActorWorker)
 
 
-@pytest.fixture
-def separate_trainer(tq_cluster, detach_worker, tiny_model_dir, tmp_path):
+def separate_async_trainer(worker, tiny_model_dir, folder, *overrides: str):
     import harness as h
     from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode
 
     from recipe.exgrpo.trainer import ExGRPOSeparateAsyncTrainer
 
-    train, val = h.write_dataset(tmp_path / "data")
+    train, val = h.write_dataset(folder / "data")
     config = compose_config(
-        [*h.trainer_overrides(tiny_model_dir, train, val, tmp_path / "ckpt", n_rollouts=K, batch_size=2),
-         *SEPARATE_ASYNC, *CPU_ENGINE_OVERRIDES]
+        [*h.trainer_overrides(tiny_model_dir, train, val, folder / "ckpt", n_rollouts=K, batch_size=2),
+         *SEPARATE_ASYNC, *CPU_ENGINE_OVERRIDES, *overrides]
     )
-    trainer, policy = h.build_trainer(config, detach_worker, CORRECT, cls=ExGRPOSeparateAsyncTrainer)
+    trainer, _ = h.build_trainer(config, worker, CORRECT, cls=ExGRPOSeparateAsyncTrainer)
     trainer.current_mode = HybridEngineMode.TRAINER  # _setup's choice without hybrid replicas
     trainer.prev_step_profile = False
     trainer.timing_raw = {}
-    yield h, trainer, config
+    return h, trainer, config
+
+
+@pytest.fixture
+def separate_trainer(tq_cluster, detach_worker, tiny_model_dir, tmp_path):
+    yield separate_async_trainer(detach_worker, tiny_model_dir, tmp_path)
     listing = tq_cluster.kv_list("train") or {}
     keys = list(listing.get("train", {}))
     if keys:  # groups left in flight would be sampled by the next test's trainer
@@ -199,6 +204,10 @@ def test_separate_async_trains_groups_two_steps_late_and_keeps_every_batch_in_fl
     assert trained(batch) == ["q4", "q5"] and metrics["exgrpo/inserted"] == 0.0
     h.finish_step(trainer, batch)
 
+    # each stored group's staleness then: policy versions between its generation and its training step
+    assert trainer._stored_staleness == {("q0", 1): 0, ("q1", 1): 0, ("q2", 2): 1, ("q3", 2): 1, ("q4", 3): 2,
+                                         ("q5", 3): 2}
+
     # ---- step 4: trains step 2's groups (staleness 2); the replay group gets one of the candidates held at step 2
     batch, metrics, step4 = one_step(h, trainer, finish={replayed[0], "q6"})
     assert not [q for q, n in step4 if n == K - 1]  # q0 and q1 are both in flight: nothing to replay
@@ -214,6 +223,14 @@ def test_separate_async_trains_groups_two_steps_late_and_keeps_every_batch_in_fl
     assert data[IS_REPLAY_FIELD].tolist() == [1] and data["responses"][0].tolist() in candidates_at_choice
     if replayed[0] == "q0":
         assert candidates_at_choice == q0_stored
+    # the replayed row's w = pi_step4 / pi_past over its tokens, reported under its stored staleness (0: collected at
+    # step 1 from the warm-up batch, generated with the weights step 1 trained)
+    member = trainer._step_replayed[groups[replay_uid][K - 1]]
+    old = tq_cluster.kv_batch_get(keys=[member.key], partition_id="train", select_fields=["old_log_probs"])
+    w = np.exp(old["old_log_probs"][0].double().numpy() - member.log_probs)
+    assert metrics["exgrpo/replay_w_tokens/staleness_0"] == len(w) == len(member.token_ids)
+    assert metrics["exgrpo/replay_w_std/staleness_0"] == pytest.approx(w.std(), rel=1e-6)
+    assert not [key for key in metrics if key.startswith("exgrpo/replay_w_tokens/") and not key.endswith("_0")]
     assert trainer.standalone_checkpoint_manager.updates == [1, 2, 3, 4]
     assert wg.calls.count("save_model_to_cpu(0)") == 4 and "restore_model_from_cpu(0)" not in wg.calls
 
@@ -244,3 +261,32 @@ def test_separate_async_trains_groups_two_steps_late_and_keeps_every_batch_in_fl
     lost.load_in_flight(folder)
     assert lost._groups == {}
     h.finish_step(trainer, batch)
+
+
+def test_stored_log_probs_rollout_stores_what_the_rollout_engine_returned(tq_cluster, detach_worker, tiny_model_dir,
+                                                                          tmp_path):
+    """exgrpo.stored_log_probs: the scripted engine returns -1 for every token; the recomputed ones are the actor's."""
+    from recipe.exgrpo.records import final_outputs
+
+    stored: dict[str, dict[str, list[np.ndarray]]] = {}
+    for choice in ("rollout", "recomputed"):
+        h, trainer, _ = separate_async_trainer(detach_worker, tiny_model_dir, tmp_path / choice,
+                                               f"exgrpo.stored_log_probs={choice}")
+        trainer.agent_loop_manager.hold_qids = {"q2", "q3"}
+        trainer.on_train_begin()  # the warm-up: q0, q1 finished, q2, q3 still generating
+        batch, _, _ = one_step(h, trainer, finish=set())  # trains q0, q1 and stores their successes
+        assert sorted(trainer._groups[uid].qid for uid in final_outputs(batch.keys)) == ["q0", "q1"]
+        stored[choice] = {q: [t.log_probs for t in trainer.pool.candidates(q)] for q in ("q0", "q1")}
+        assert [len(lps) for lps in stored[choice].values()] == [2, 1]
+        if choice == "recomputed":  # the actor's old log-probs of the same keys, as verl computed them
+            keys = [k for k in batch.keys if trainer._groups.get(k.split("_")[0]) is not None]
+            data = tq_cluster.kv_batch_get(keys=keys, partition_id="train", select_fields=["old_log_probs"])
+            actor = [lp.float().numpy() for lp in data["old_log_probs"].unbind()]
+            for log_probs in (lp for lps in stored[choice].values() for lp in lps):
+                assert any(len(a) == len(log_probs) and np.array_equal(a, log_probs) for a in actor)
+        h.finish_step(trainer, batch)
+        listing = tq_cluster.kv_list("train") or {}
+        if listing.get("train"):
+            tq_cluster.kv_clear(keys=list(listing["train"]), partition_id="train")
+    assert all(np.all(lp == -1.0) for lps in stored["rollout"].values() for lp in lps)
+    assert not any(np.all(lp == -1.0) for lps in stored["recomputed"].values() for lp in lps)

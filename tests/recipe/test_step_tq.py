@@ -153,14 +153,15 @@ def test_two_steps_fresh_then_replay_with_real_tq_and_engine(harness, tq_cluster
 
     # verl's rollout diagnostics see the replayed rows as rollouts of this step by the current actor: their
     # rollout_log_probs are the actor's log-probs (old_log_probs exactly; a direct forward of the weights before
-    # this step's update), their step range is the current step's, and the rollout-vs-actor diff is over the
-    # rows the rollout engine produced (here rollout_log_probs = -1 on every token).
-    step = trainer.global_steps
+    # this step's update), their step range is their group's live rollouts' (the weights the step before sent),
+    # and the rollout-vs-actor diff is over the rows the rollout engine produced (here rollout_log_probs = -1 on
+    # every token).
+    version = trainer.global_steps - 1
     for qid, key in inserted.items():
         i = batch.keys.index(key)
-        assert batch.tags[i]["min_global_steps"] == batch.tags[i]["max_global_steps"] == step
+        assert batch.tags[i]["min_global_steps"] == batch.tags[i]["max_global_steps"] == version
         row = fetch(tq, [key], ["rollout_log_probs", "old_log_probs", "extra_fields"])
-        assert row["extra_fields"][0]["min_global_steps"] == row["extra_fields"][0]["max_global_steps"] == step
+        assert row["extra_fields"][0]["min_global_steps"] == row["extra_fields"][0]["max_global_steps"] == version
         np.testing.assert_array_equal(row["rollout_log_probs"][0].numpy(), row["old_log_probs"][0].numpy())
         if qid == "q0":
             np.testing.assert_allclose(row["rollout_log_probs"][0].numpy(), lowest_log_probs, rtol=1e-4, atol=1e-5)
