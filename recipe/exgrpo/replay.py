@@ -28,10 +28,10 @@ from recipe.exgrpo.records import (
     CANDIDATE_PARTITION,
     MEAN_ENTROPY_FIELD,
     ReplayedMember,
-    replay_weight_spread,
     exgrpo_fields,
     final_outputs,
     replay_record,
+    replay_weight_spread,
 )
 
 # Fields of a live record that describe the question (not the trajectory); the reward function reads them.
