@@ -31,6 +31,7 @@ from recipe_helpers import REPO  # noqa: E402
 
 from exgrpo.precision import cpu_precision  # noqa: E402
 from exgrpo.tools.evaluate import PROTOCOLS  # noqa: E402
+from recipe.exgrpo.cpu import SEPARATE_ASYNC_OVERRIDES  # noqa: E402
 
 PROTOCOLS_PAPER = PROTOCOLS["paper"]
 SHARED_BENCHMARKS = REPO.parent / "shared" / "data" / "benchmarks"  # the authors' files, beside the checkout
@@ -359,19 +360,8 @@ ASYNC = "trainer.v1.trainer_mode=colocate_async"
 # strict grading, and which groups those are depends on the machine's speed. The delayed-start rule itself is the
 # sync paper twin's to check.)
 ASYNC_STEPS = 3
-# verl's separate_async on this CPU: the rollout on a device of its own (Ray is told of two: one for the trainer's
-# rank, one for the standalone vLLM), the weights sent after each step by the recipe's gloo engine, one update a
-# step (parameter_sync_step=1, so the mini-batch is the step's batch), and vLLM's KV cache kept between updates
-# (its CPU build has no sleep mode)
-SEPARATE = ("trainer.v1.trainer_mode=separate_async", "trainer.v1.separate_async.parameter_sync_step=1",
-            "trainer.v1.separate_async.num_warmup_batches=1",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=${data.train_batch_size}",
-            "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.nnodes=1",
-            "actor_rollout_ref.rollout.n_gpus_per_node=1", "ray_kwargs.ray_init.num_gpus=2",
-            "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
-            "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.exgrpo.cpu.checkpoint_engine",
-            "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",
-            "actor_rollout_ref.rollout.free_cache_engine=false")
+# verl's separate_async on this CPU (recipe.exgrpo.cpu.SEPARATE_ASYNC_OVERRIDES), one warm-up batch ahead
+SEPARATE = (*SEPARATE_ASYNC_OVERRIDES, "trainer.v1.separate_async.num_warmup_batches=1")
 ASYNC_LATCH_AT_ONCE = "exgrpo.start_acc=0.0"
 
 

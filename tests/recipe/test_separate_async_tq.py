@@ -23,16 +23,13 @@ pytest.importorskip("verl")
 
 from recipe_helpers import CPU_ENGINE_OVERRIDES, build_actor_worker, compose_config, engine_config  # noqa: E402
 
+from recipe.exgrpo.cpu import SEPARATE_ASYNC_OVERRIDES  # noqa: E402
+
 K = 4
 # q0 2/4 and q1 1/4 (stored at step 1), q2 4/4 (retires at step 2), q3 0/4; the rest all wrong.
 CORRECT = {"q0": {0, 1}, "q1": {1}, "q2": {0, 1, 2, 3}, "q3": set()}
-SEPARATE_ASYNC = [
-    "trainer.v1.trainer_mode=separate_async", "trainer.v1.separate_async.num_warmup_batches=2",
-    "trainer.v1.separate_async.parameter_sync_step=1", "actor_rollout_ref.hybrid_engine=false",
-    "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
-    "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
-    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.exgrpo.cpu.checkpoint_engine",
-]
+# the CPU twin's separate_async overrides, two warm-up batches ahead, over the harness's batch of 2
+SEPARATE_ASYNC = [*SEPARATE_ASYNC_OVERRIDES, "trainer.v1.separate_async.num_warmup_batches=2"]
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,21 @@ from verl.plugin.platform.platform_cuda import PlatformCUDA
 PLATFORM_NAME = "cpu"
 MODULE_NAME = __name__  # what VERL_USE_EXTERNAL_MODULES names
 
+# ExGRPO in verl's separate_async trainer on this platform, as hydra overrides after a CPU twin's script (docs/cpu.md):
+# one update a step (ExGRPO's parameter_sync_step, so the mini-batch is the step's batch), the rollout on a device
+# of its own (Ray is told of two: the trainer's rank and the standalone vLLM), the weights sent after each step by
+# the gloo engine (checkpoint_engine.py), and vLLM's KV cache kept between updates (its CPU build has no sleep mode).
+SEPARATE_ASYNC_OVERRIDES = (
+    "trainer.v1.trainer_mode=separate_async", "trainer.v1.separate_async.parameter_sync_step=1",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=${data.train_batch_size}",
+    "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1", "++ray_kwargs.ray_init.num_gpus=2",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
+    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.exgrpo.cpu.checkpoint_engine",
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",
+    "actor_rollout_ref.rollout.free_cache_engine=false",
+)
+
 
 def cpu_mode_requested() -> bool:
     """True when this process runs verl on the CPU (``VERL_PLATFORM=cpu``)."""
