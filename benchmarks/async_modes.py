@@ -1,5 +1,6 @@
 """Step time and staleness per verl trainer mode, GRPO and ExGRPO side by side: the 7B paper script's CPU twin in
-``sync`` and ``colocate_async``.
+``sync``, ``colocate_async`` and ``separate_async`` (the CPU's overrides: ``recipe.exgrpo.cpu.SEPARATE_ASYNC_OVERRIDES``;
+one update a step there, where the other modes take the profile's two).
 
 Each run is ``EXGRPO_DEVICE=cpu bash run_scripts/qwen2.5_math_7b_exgrpo.sh`` (the paper profile at the twin's size,
 the tiny model and task of cache/verl_cpu) in its own checkpoint folder, with ``trainer.v1.trainer_mode`` and
@@ -33,18 +34,23 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from verl_twin_timing import read_metrics  # noqa: E402
 
+sys.path.insert(0, str(REPO))
+from recipe.exgrpo.cpu import SEPARATE_ASYNC_OVERRIDES  # noqa: E402
+
 ARMS = {
     "grpo_sync": ["exgrpo.enable=false", "trainer.v1.trainer_mode=sync"],
     "exgrpo_sync": ["trainer.v1.trainer_mode=sync"],
     "grpo_colocate_async": ["exgrpo.enable=false", "trainer.v1.trainer_mode=colocate_async"],
     "exgrpo_colocate_async": ["trainer.v1.trainer_mode=colocate_async"],
+    "grpo_separate_async": ["exgrpo.enable=false", *SEPARATE_ASYNC_OVERRIDES],
+    "exgrpo_separate_async": list(SEPARATE_ASYNC_OVERRIDES),
 }
 STEPS = 8
 COMMON = [f"trainer.total_training_steps={STEPS}", "trainer.save_freq=100", "trainer.test_freq=100",
           "trainer.val_before_train=false"]
 KEYS = {"step (s)": "timing_s/step", "gen (s)": "timing_s/gen", "update_actor (s)": "timing_s/update_actor",
         "staleness (versions)": "training/off_policy/trajectory_staleness/mean",
-        "replay groups trained": "exgrpo/inserted"}
+        "replay groups trained": "exgrpo/inserted", "replay questions chosen": "exgrpo/replay_questions"}
 
 
 def run(root: Path, repeats: int, overrides: Sequence[str]) -> None:
