@@ -20,9 +20,9 @@ The step's rules (composition, the stored member's choice, collection) are the c
 this file keeps what verl's engine does around them. The ExGRPO part is one mixin, :class:`ExGRPOTrainerMixin`, over
 each verl trainer class (:data:`TRAINERS`, by ``trainer.v1.trainer_mode``), with replay insertion (``replay.py``)
 and the checkpointed state (``state.py``) mixed in; what the asynchronous modes change is in
-:class:`AsyncGroupsMixin` and their own classes. What that means for the algorithm (docs/gpu.md, "Asynchronous training"): a
-group is trained in the step that samples it, which may come after the step that
-submitted it; its question stays out of every draw until then, so the pool entry it was chosen from is the one
+:class:`AsyncGroupsMixin` and their own classes. What that means for the algorithm (docs/gpu.md, "Asynchronous
+training"): a group is trained in the step that samples it, which may come after the step that submitted it; its
+question stays out of every draw until then, so the pool entry it was chosen from is the one
 its stored member is picked from; the trajectories it stores carry the log-probs of the policy that trained on it
 (recomputed, as in the synchronous mode), not the rollout engine's: free of the engines' numerical gap, but one
 policy version per step of staleness away from the policy that sampled them.
