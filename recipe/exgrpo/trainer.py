@@ -23,9 +23,9 @@ and the checkpointed state (``state.py``) mixed in; what the asynchronous modes 
 :class:`AsyncGroupsMixin` and their own classes. What that means for the algorithm (docs/gpu.md, "Asynchronous
 training"): a group is trained in the step that samples it, which may come after the step that submitted it; its
 question stays out of every draw until then, so the pool entry it was chosen from is the one
-its stored member is picked from; the trajectories it stores carry the log-probs of the policy that trained on it
-(recomputed, as in the synchronous mode), not the rollout engine's: free of the engines' numerical gap, but one
-policy version per step of staleness away from the policy that sampled them.
+its stored member is picked from; the trajectories it stores carry by default the log-probs of the policy that
+trained on it (recomputed, as in the synchronous mode), not the rollout engine's: free of the engines' numerical gap,
+but one policy version per step of staleness away from the policy that sampled them (``exgrpo.stored_log_probs``).
 """
 
 from __future__ import annotations
