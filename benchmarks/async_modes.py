@@ -15,12 +15,13 @@ groups finished, and a median of such a series lands on either mode.
 Usage::
 
     python benchmarks/async_modes.py run --repeats 2 --root runs/async_modes [hydra overrides ...]
-    python benchmarks/async_modes.py table runs/async_modes
+    python benchmarks/async_modes.py table runs/async_modes --out benchmarks/async_modes/RESULT.md
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import statistics
 import subprocess
@@ -104,10 +105,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     p_run.add_argument("overrides", nargs="*")
     p_table = sub.add_parser("table")
     p_table.add_argument("root", type=Path)
+    p_table.add_argument("--out", type=Path, default=None, help="also write the table there, with command and commit")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.root, args.repeats, args.overrides)
-    print(table(args.root))
+    text = table(args.root)
+    print(text)
+    if getattr(args, "out", None) is not None:
+        from exgrpo.embedded.runner import cpu_description
+
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(
+            f"Written by `python benchmarks/async_modes.py table {args.root} --out {args.out}` at commit "
+            f"{head.stdout.strip()}, {dt.date.today().isoformat()}, on {cpu_description()['cpu']}; runs of {STEPS} "
+            f"steps, arms alternating round after round; per arm the mean / median over every run's steps after the "
+            f"first.\n\n{text}\n"
+        )
 
 
 if __name__ == "__main__":
