@@ -254,7 +254,8 @@ def test_a_new_launch_saving_a_step_an_earlier_launch_rotated_away_keeps_that_st
 # ---------------------------------------------------------------------------------------------- loss scale
 PAPER = ["exgrpo.loss_horizon=8192", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
          "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
-         "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
+         "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+         "trainer.total_training_steps=700"]
 
 
 @pytest.mark.parametrize(
