@@ -292,6 +292,46 @@ def finish_step(trainer, batch) -> None:
     trainer.agent_loop_manager.policy.step += 1
 
 
+def check_replay_group_trained(trainer, batch, metrics: dict, qids: list[str], age: int,
+                               candidates: list[list[int]]) -> tuple[dict[str, dict[int, str]], str]:
+    """Asserts the step trained the groups of ``qids``, one of them a replay group completed whole (K - 1 fresh
+    sessions + the inserted member, flagged as replayed) with one of ``candidates`` (the stored responses when it was
+    chosen), stored ``age`` steps before; returns the step's groups and the replay group's uid."""
+    from recipe.exgrpo.records import IS_REPLAY_FIELD, final_outputs
+
+    k = trainer.config.actor_rollout_ref.rollout.n
+    groups = final_outputs(batch.keys)
+    assert sorted(trainer._groups[uid].qid for uid in groups) == sorted(qids)
+    assert metrics["exgrpo/inserted"] == 1.0 and metrics["exgrpo/replay_groups_without_rollouts"] == 0.0
+    assert metrics["exgrpo/replayed_age_steps"] == float(age)
+    replay_uid = next(uid for uid in groups if trainer._groups[uid].is_replay)
+    assert sorted(groups[replay_uid]) == list(range(k))
+    data = tq.kv_batch_get(keys=[groups[replay_uid][k - 1]], partition_id="train",
+                           select_fields=["responses", IS_REPLAY_FIELD])
+    assert data[IS_REPLAY_FIELD].tolist() == [1]
+    assert data["responses"][0].tolist() in candidates
+    return groups, replay_uid
+
+
+def check_in_flight_round_trip(trainer, config, correct: dict[str, set[int]]) -> tuple[dict[str, tuple[str, bool]], str]:
+    """Saves a checkpoint and asserts a new trainer restores its pool and its groups in flight (question, replayed
+    or not), as the file holds them; returns those groups and the step's folder."""
+    from recipe.exgrpo.state import load_in_flight
+
+    in_flight = {uid: (info.qid, info.is_replay) for uid, info in trainer._groups.items()
+                 if uid in trainer.live_prompt_uids()}
+    trainer._save_checkpoint()
+    folder = str(Path(config.trainer.default_local_dir) / f"global_step_{trainer.global_steps}")
+    assert load_in_flight(Path(folder) / "exgrpo_in_flight.json") == in_flight
+    resumed, _ = build_trainer(config, trainer.actor_rollout_wg.worker, correct, cls=type(trainer))
+    resumed.global_steps = trainer.global_steps
+    resumed.load_pool(folder)
+    resumed.load_in_flight(folder)
+    assert {uid: (g.qid, g.is_replay) for uid, g in resumed._groups.items()} == in_flight
+    assert resumed.pool.state_digest() == trainer.pool.state_digest()
+    return in_flight, folder
+
+
 def first_token_values(nested_tensor) -> list[float]:
     return [float(t[0]) for t in nested_tensor.unbind()]
 

@@ -51,7 +51,7 @@ def submitted_since(trainer, start: int) -> list[tuple[str, int]]:
 def test_colocate_async_trains_groups_of_earlier_steps_and_keeps_in_flight_questions_out_of_the_draw(
     async_trainer, tq_cluster
 ):
-    from recipe.exgrpo.records import IS_REPLAY_FIELD, final_outputs
+    from recipe.exgrpo.records import final_outputs
 
     h, trainer, policy, config = async_trainer
     manager = trainer.agent_loop_manager
@@ -96,33 +96,12 @@ def test_colocate_async_trains_groups_of_earlier_steps_and_keeps_in_flight_quest
     batch, metrics = h.run_step(trainer)
     step3 = submitted_since(trainer, start)
     assert (other, K - 1) in step3 and (replayed[0], K - 1) not in step3
-    groups = final_outputs(batch.keys)
-    assert sorted(trainer._groups[uid].qid for uid in groups) == sorted([replayed[0], "q4"])
-    assert metrics["exgrpo/inserted"] == 1.0 and metrics["exgrpo/replay_groups_without_rollouts"] == 0.0
-    assert metrics["exgrpo/replayed_age_steps"] == 2.0  # stored at step 1, trained at step 3
-    replay_uid = next(uid for uid in groups if trainer._groups[uid].is_replay)
-    assert sorted(groups[replay_uid]) == list(range(K))  # K - 1 fresh sessions + the inserted one
-    inserted_key = groups[replay_uid][K - 1]
-    data = tq_cluster.kv_batch_get(keys=[inserted_key], partition_id="train",
-                                   select_fields=["responses", IS_REPLAY_FIELD])
-    assert data[IS_REPLAY_FIELD].tolist() == [1]
-    assert data["responses"][0].tolist() in candidates_at_choice
+    h.check_replay_group_trained(trainer, batch, metrics, [replayed[0], "q4"], 2,  # stored at step 1, trained at 3
+                                 candidates_at_choice)
     if replayed[0] == "q0":
         assert candidates_at_choice == q0_stored
 
     # ---- a checkpoint now holds step 3's groups (in flight), with their replay flags; a new trainer gets them
-    in_flight = {uid: (info.qid, info.is_replay) for uid, info in trainer._groups.items()
-                 if uid in trainer.live_prompt_uids()}
+    in_flight, _ = h.check_in_flight_round_trip(trainer, config, CORRECT)
     assert sorted(in_flight.values()) == sorted((q, n == K - 1) for q, n in step3)
-    trainer._save_checkpoint()
-    from recipe.exgrpo.state import load_in_flight
-
-    folder = config.trainer.default_local_dir + f"/global_step_{trainer.global_steps}"
-    assert load_in_flight(folder + "/exgrpo_in_flight.json") == in_flight
-    resumed, _ = h.build_trainer(config, trainer.actor_rollout_wg.worker, CORRECT, cls=type(trainer))
-    resumed.global_steps = trainer.global_steps
-    resumed.load_pool(folder)
-    resumed.load_in_flight(folder)
-    assert {uid: (g.qid, g.is_replay) for uid, g in resumed._groups.items()} == in_flight
-    assert resumed.pool.state_digest() == trainer.pool.state_digest()
     h.finish_step(trainer, batch)

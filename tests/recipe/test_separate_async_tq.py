@@ -159,8 +159,7 @@ def one_step(h, trainer, finish: set[str]):
 def test_separate_async_trains_groups_two_steps_late_and_keeps_every_batch_in_flight_out_of_the_draw(
     separate_trainer, tq_cluster
 ):
-    from recipe.exgrpo.records import IS_REPLAY_FIELD, final_outputs
-    from recipe.exgrpo.state import load_in_flight
+    from recipe.exgrpo.records import final_outputs
 
     h, trainer, config = separate_trainer
     manager, wg = trainer.agent_loop_manager, trainer.actor_rollout_wg
@@ -209,15 +208,8 @@ def test_separate_async_trains_groups_two_steps_late_and_keeps_every_batch_in_fl
     batch, metrics, step4 = one_step(h, trainer, finish={replayed[0], "q6"})
     assert not [q for q, n in step4 if n == K - 1]  # q0 and q1 are both in flight: nothing to replay
     assert not {q for q, _ in step4} & {other, "q7", "q2"}  # in flight, in flight, retired
-    groups = final_outputs(batch.keys)
-    assert sorted(trainer._groups[uid].qid for uid in groups) == sorted([replayed[0], "q6"])
-    assert metrics["exgrpo/inserted"] == 1.0 and metrics["exgrpo/replay_groups_without_rollouts"] == 0.0
-    assert metrics["exgrpo/replayed_age_steps"] == 3.0  # stored at step 1, trained at step 4
-    replay_uid = next(uid for uid in groups if trainer._groups[uid].is_replay)
-    assert sorted(groups[replay_uid]) == list(range(K))  # K - 1 fresh sessions + the inserted one
-    data = tq_cluster.kv_batch_get(keys=[groups[replay_uid][K - 1]], partition_id="train",
-                                   select_fields=["responses", IS_REPLAY_FIELD])
-    assert data[IS_REPLAY_FIELD].tolist() == [1] and data["responses"][0].tolist() in candidates_at_choice
+    groups, replay_uid = h.check_replay_group_trained(trainer, batch, metrics, [replayed[0], "q6"],
+                                                      3, candidates_at_choice)  # stored at step 1, trained at 4
     if replayed[0] == "q0":
         assert candidates_at_choice == q0_stored
     # the replayed row's w = pi_step4 / pi_past over its tokens, reported under its stored staleness (0: collected at
@@ -232,19 +224,9 @@ def test_separate_async_trains_groups_two_steps_late_and_keeps_every_batch_in_fl
     assert wg.calls.count("save_model_to_cpu(0)") == 4 and "restore_model_from_cpu(0)" not in wg.calls
 
     # ---- a checkpoint holds the groups of steps 3 and 4 in flight; a new trainer restores them
-    in_flight = {uid: (info.qid, info.is_replay) for uid, info in trainer._groups.items()
-                 if uid in trainer.live_prompt_uids()}
+    in_flight, folder = h.check_in_flight_round_trip(trainer, config, CORRECT)
     assert sorted(q for q, _ in in_flight.values()) == sorted(q for q, _ in step3 + step4)
     assert sum(r for _, r in in_flight.values()) == 1  # step 3's replay group
-    trainer._save_checkpoint()
-    folder = os.path.join(config.trainer.default_local_dir, f"global_step_{trainer.global_steps}")
-    assert load_in_flight(os.path.join(folder, "exgrpo_in_flight.json")) == in_flight
-    resumed, _ = h.build_trainer(config, wg.worker, CORRECT, cls=type(trainer))
-    resumed.global_steps = trainer.global_steps
-    resumed.load_pool(folder)
-    resumed.load_in_flight(folder)
-    assert {uid: (g.qid, g.is_replay) for uid, g in resumed._groups.items()} == in_flight
-    assert resumed.pool.state_digest() == trainer.pool.state_digest()
 
     # ---- the file lost: verl restored the groups (its transfer_queue state), ExGRPO cannot tell them apart
     os.remove(os.path.join(folder, "exgrpo_in_flight.json"))
