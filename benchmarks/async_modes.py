@@ -54,13 +54,17 @@ KEYS = {"step (s)": "timing_s/step", "gen (s)": "timing_s/gen", "update_actor (s
         "replay groups trained": "exgrpo/inserted", "replay questions chosen": "exgrpo/replay_questions"}
 
 
-def run(root: Path, repeats: int, overrides: Sequence[str]) -> None:
+def run_arms(root: Path, arms: dict[str, list[str]], common: Sequence[str], repeats: int, overrides: Sequence[str],
+             label: str) -> None:
+    """Each arm of ``arms`` as the paper script's CPU twin, ``repeats`` rounds, the arms alternating within a round so
+    a slow spell of the machine hits every arm; a run's folder (``<arm>_<round>``, its checkpoints and its metrics
+    file) marked done is not run again."""
     root.mkdir(parents=True, exist_ok=True)
     for round_ in range(repeats):
-        for arm, arm_overrides in ARMS.items():
+        for arm, arm_overrides in arms.items():
             folder = root / f"{arm}_{round_}"
             if list(folder.glob("metrics_*.jsonl")) and (folder / "done").exists():
-                print(f"[modes] {folder} done already", flush=True)
+                print(f"[{label}] {folder} done already", flush=True)
                 continue
             env = {**os.environ, "EXGRPO_DEVICE": "cpu", "CKPT_DIR": str(folder),
                    "VERL_FILE_LOGGER_PATH": str(folder / f"metrics_{round_}.jsonl")}
@@ -68,13 +72,23 @@ def run(root: Path, repeats: int, overrides: Sequence[str]) -> None:
             start = time.perf_counter()
             with (folder / "run.log").open("w") as log:
                 result = subprocess.run(
-                    ["bash", str(REPO / "run_scripts" / "qwen2.5_math_7b_exgrpo.sh"), *COMMON, *arm_overrides,
+                    ["bash", str(REPO / "run_scripts" / "qwen2.5_math_7b_exgrpo.sh"), *common, *arm_overrides,
                      *overrides], env=env, stdout=log, stderr=subprocess.STDOUT)
-            print(f"[modes] {arm} round {round_}: exit {result.returncode}, {time.perf_counter() - start:.0f} s",
+            print(f"[{label}] {arm} round {round_}: exit {result.returncode}, {time.perf_counter() - start:.0f} s",
                   flush=True)
             if result.returncode:
                 raise SystemExit(f"run failed, see {folder / 'run.log'}")
             (folder / "done").write_text("")
+
+
+def write_result(out: Path, command: str, about: str, text: str) -> None:
+    """``text`` into ``out``, headed by the command that wrote it, the commit, the date and the CPU."""
+    from exgrpo.embedded.runner import cpu_description
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"Written by `{command}` at commit {head.stdout.strip()}, {dt.date.today().isoformat()}, on "
+                   f"{cpu_description()['cpu']}; {about}\n\n{text}\n")
 
 
 def table(root: Path) -> str:
@@ -108,21 +122,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p_table.add_argument("--out", type=Path, default=None, help="also write the table there, with command and commit")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.root, args.repeats, args.overrides)
+        run_arms(args.root, ARMS, COMMON, args.repeats, args.overrides, "modes")
     text = table(args.root)
     print(text)
     if getattr(args, "out", None) is not None:
-        from exgrpo.embedded.runner import cpu_description
-
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(
-            f"Written by `python benchmarks/async_modes.py table {args.root} --out {args.out}` at commit "
-            f"{head.stdout.strip()}, {dt.date.today().isoformat()}, on {cpu_description()['cpu']}; runs of {STEPS} "
-            f"steps, arms alternating round after round; per arm the mean / median over every run's steps after the "
-            f"first.\n\n{text}\n"
-        )
-
+        write_result(args.out, f"python benchmarks/async_modes.py table {args.root} --out {args.out}",
+                     f"runs of {STEPS} steps, arms alternating round after round; per arm the mean / median over "
+                     "every run's steps after the first.", text)
 
 if __name__ == "__main__":
     main()

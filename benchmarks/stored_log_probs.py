@@ -22,12 +22,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import math
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
+from async_modes import run_arms, write_result  # noqa: E402
 from verl_twin_timing import read_metrics  # noqa: E402
 
 from recipe.exgrpo.cpu import SEPARATE_ASYNC_OVERRIDES  # noqa: E402
@@ -49,29 +46,6 @@ ARMS = {f"{stored}_{mode}": [f"exgrpo.stored_log_probs={stored}", *overrides]
 COMMON = [f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1000", "trainer.test_freq=1000",
           "trainer.val_before_train=false", "exgrpo.start_acc=0.0"]
 BUCKETS = ("0", "1", "2+")
-
-
-def run(root: Path, repeats: int, overrides: Sequence[str]) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    for round_ in range(repeats):
-        for arm, arm_overrides in ARMS.items():  # alternated, round after round
-            folder = root / f"{arm}_{round_}"
-            if (folder / "done").exists():
-                print(f"[stored] {folder} done already", flush=True)
-                continue
-            folder.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, "EXGRPO_DEVICE": "cpu", "CKPT_DIR": str(folder / "ckpt"),
-                   "VERL_FILE_LOGGER_PATH": str(folder / f"metrics_{round_}.jsonl")}
-            start = time.perf_counter()
-            with (folder / "run.log").open("w") as log:
-                result = subprocess.run(
-                    ["bash", str(REPO / "run_scripts" / "qwen2.5_math_7b_exgrpo.sh"), *COMMON, *arm_overrides,
-                     *overrides], env=env, stdout=log, stderr=subprocess.STDOUT)
-            print(f"[stored] {arm} round {round_}: exit {result.returncode}, {time.perf_counter() - start:.0f} s",
-                  flush=True)
-            if result.returncode:
-                raise SystemExit(f"run failed, see {folder / 'run.log'}")
-            (folder / "done").write_text("")
 
 
 def pooled(parts: list[tuple[float, float, float, float]]) -> tuple[float, float, float, float]:
@@ -117,22 +91,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p_table.add_argument("--out", type=Path, default=None, help="also write the table there, with command and commit")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.root, args.repeats, args.overrides)
+        run_arms(args.root, ARMS, COMMON, args.repeats, args.overrides, "stored")
         print(table(args.root))
         return
     text = table(args.root)
     print(text)
     if args.out is not None:
-        from exgrpo.embedded.runner import cpu_description
-
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(
-            f"Written by `python benchmarks/stored_log_probs.py table {args.root} --out {args.out}` at commit "
-            f"{head.stdout.strip()}, {dt.date.today().isoformat()}, on {cpu_description()['cpu']}; runs of "
-            f"{STEPS} steps, the steps after the first pooled by token count.\n\n{text}\n"
-        )
-
+        write_result(args.out, f"python benchmarks/stored_log_probs.py table {args.root} --out {args.out}",
+                     f"runs of {STEPS} steps, the steps after the first pooled by token count.", text)
 
 if __name__ == "__main__":
     main()
