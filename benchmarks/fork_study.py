@@ -388,13 +388,38 @@ def fresh_consumed(result: dict[str, Any], fork: int, batch_questions: int) -> d
     return out
 
 
+def fresh_points(result: dict[str, Any], fork: int, batch_questions: int, kind: str) -> list[tuple[float, float]]:
+    """(fresh questions drawn since the fork, held-out accuracy) at each of the future's validations."""
+    used = fresh_consumed(result, fork, batch_questions)
+    return sorted((used[s], v[kind]) for s_, v in result["val"].items()
+                  if (s := int(s_)) in used and v.get(kind) is not None)
+
+
 def accuracy_at_fresh(result: dict[str, Any], fork: int, batch_questions: int, target: float, kind: str
                       ) -> float | None:
     """Held-out accuracy once ``target`` fresh questions are consumed, linear between the two validations around
     it (None when the future never got that far)."""
-    used = fresh_consumed(result, fork, batch_questions)
-    return on_line(sorted((used[s], v[kind]) for s_, v in result["val"].items()
-                          if (s := int(s_)) in used and v.get(kind) is not None), target)
+    return on_line(fresh_points(result, fork, batch_questions, kind), target)
+
+
+FRESH_GRID = 4  # fresh questions between two points of the per-fresh-question curve
+
+
+def mean_fresh_curve(futures: list[tuple[dict[str, Any], int, int]], kind: str) -> list[tuple[float, float]]:
+    """One future's accuracy per fresh question, averaged over seeds: each (result, fork step, questions a step)
+    read on a common grid of fresh-question counts, on the line between its validations. A point is kept only
+    where every seed has a value, so the curve never changes which seeds it averages (seeds fork at different
+    steps, so their validations fall at different counts)."""
+    curves = [fresh_points(result, fork, per_step, kind) for result, fork, per_step in futures]
+    curves = [c for c in curves if c]
+    if not curves:
+        return []
+    out = []
+    for x in range(0, int(min(c[-1][0] for c in curves)) + 1, FRESH_GRID):
+        ys = [on_line(c, float(x)) for c in curves]
+        if all(y is not None for y in ys):
+            out.append((float(x), statistics.fmean(ys)))
+    return out
 
 
 def batch_questions(trunk: dict[str, Any]) -> int:
@@ -504,25 +529,19 @@ def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -
         top, bottom = axes[0][col], axes[1][col]
         for name in names:
             diffs: dict[int, list[float]] = {}
-            curve: dict[float, list[float]] = {}
-            for r in seeds.values():
-                if name not in r or "trunk" not in r:
-                    continue
+            runs = [r for r in seeds.values() if name in r and "grpo" in r and "trunk" in r]  # the tables' seeds
+            for r in runs:
                 fork = r["trunk"]["fork_step"]
                 for o in range(FUTURE_STEPS + 1):
-                    if "grpo" in r and (g := gap(r[name], r["grpo"], fork + o, kind)) is not None:
+                    if (g := gap(r[name], r["grpo"], fork + o, kind)) is not None:
                         diffs.setdefault(o, []).append(g)
-                used = fresh_consumed(r[name], fork, batch_questions(r["trunk"]))
-                for s, v in r[name]["val"].items():
-                    if int(s) in used and v.get(kind) is not None:
-                        curve.setdefault(used[int(s)], []).append(v[kind])
             if name != "grpo" and diffs:
                 xs = sorted(diffs)
                 top.plot(xs, [100 * statistics.fmean(diffs[x]) for x in xs], color=colours[name], label=name)
+            curve = mean_fresh_curve([(r[name], r["trunk"]["fork_step"], batch_questions(r["trunk"])) for r in runs],
+                                     kind)
             if curve:
-                xs = sorted(curve)
-                bottom.plot(xs, [statistics.fmean(curve[x]) for x in xs], color=colours[name], label=name,
-                            marker=".", ms=3)
+                bottom.plot([x for x, _ in curve], [y for _, y in curve], color=colours[name], label=name)
         top.axhline(0, color="grey", lw=0.8)
         top.set_title(f"{kind.upper()}: future − GRPO, per training step (points)", fontsize=9)
         top.set_xlabel("steps after the fork")

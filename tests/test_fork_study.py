@@ -141,3 +141,18 @@ def test_held_out_accuracy_between_two_validations_lies_on_the_line_between_them
     assert math.isclose(fs.val_at(result, 24, "id"), 0.8 + 0.1 * 4 / 9)  # + 10, between 20 and 29
     assert fs.val_at(result, 30, "id") is None and fs.val_at(result, 13, "id") is None  # nothing outside them
     assert fs.val_at(result, 14, "ood") is None  # a source the validation did not report
+
+
+def test_the_per_fresh_question_curve_averages_every_seed_at_each_point_it_draws():
+    # seed A forks at 10 and draws 8 fresh questions a step: validations at 0, 40 and 80 fresh questions;
+    # seed B forks at 5 and draws 4 a step (ExGRPO's count): validations at 0, 20 and 60
+    a = {"steps": {str(s): {} for s in range(11, 21)}, "val": {"10": {"id": 0.2}, "15": {"id": 0.4}, "20": {"id": 0.6}}}
+    b = {"steps": {str(s): {"exgrpo/fresh_questions": 4.0} for s in range(6, 21)},
+         "val": {"5": {"id": 0.4}, "10": {"id": 0.5}, "20": {"id": 0.9}}}
+    curve = dict(fs.mean_fresh_curve([(a, 10, 8), (b, 5, 8)], "id"))
+    # a grid point every FRESH_GRID questions, up to where the shorter seed ends (60), none beyond it
+    assert sorted(curve) == [float(x) for x in range(0, 61, fs.FRESH_GRID)]
+    assert math.isclose(curve[0.0], (0.2 + 0.4) / 2)
+    assert math.isclose(curve[20.0], (0.3 + 0.5) / 2)  # A half-way between 0 and 40, B at its validation
+    assert math.isclose(curve[60.0], (0.5 + 0.9) / 2)  # A half-way between 40 and 80
+    assert fs.mean_fresh_curve([], "id") == []
