@@ -43,15 +43,19 @@ def load_pending_qids(path: str | os.PathLike) -> list[str]:
         raise ValueError(f"deferred fresh rows file {path} is unreadable: {err!r}") from err
 
 
-def save_in_flight(path: str | os.PathLike, groups: Mapping[str, tuple[str, bool]]) -> None:
+def save_in_flight(path: str | os.PathLike, groups: Mapping[str, tuple[str, bool]],
+                   staleness: Mapping[tuple[str, int], int] | None = None) -> None:
     """Write the groups submitted and not yet trained (verl's uid -> question id, replayed or not), atomically.
 
     Asynchronous modes checkpoint them inside TransferQueue's state and re-issue them on resume under the same
     uids; this file tells the resumed trainer which of them are replay groups (K - 1 rollouts, a stored member to
-    insert) and which question each one is.
+    insert) and which question each one is. ``staleness`` ((question, step collected) -> its group's staleness
+    then) goes beside them, for the w metrics by staleness of trajectories collected before a resume; a file
+    without it (written before it existed) reads as none known.
     """
     state = {"version": IN_FLIGHT_STATE_VERSION,
-             "groups": {str(uid): [str(qid), bool(replay)] for uid, (qid, replay) in groups.items()}}
+             "groups": {str(uid): [str(qid), bool(replay)] for uid, (qid, replay) in groups.items()},
+             "staleness": [[str(qid), int(step), int(s)] for (qid, step), s in sorted((staleness or {}).items())]}
     payload = json.dumps(state).encode()
     write_atomically(path, lambda f: f.write(payload))
 
@@ -71,6 +75,16 @@ def load_in_flight(path: str | os.PathLike) -> dict[str, tuple[str, bool]]:
         return out
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"in-flight groups file {path} is unreadable: {err!r}") from err
+
+
+def load_stored_staleness(path: str | os.PathLike) -> dict[tuple[str, int], int]:
+    """The staleness map :func:`save_in_flight` wrote beside the groups (empty for a file without one)."""
+    try:
+        with open(path) as f:
+            rows = json.load(f).get("staleness", [])
+        return {(str(qid), int(step)): int(s) for qid, step, s in rows}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"in-flight groups file {path}: its staleness map is unreadable: {err!r}") from err
 
 
 class ExGRPOStateMixin:

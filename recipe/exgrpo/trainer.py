@@ -96,7 +96,7 @@ class ExGRPOTrainerMixin(ReplayInsertionMixin, ExGRPOStateMixin):
         self._step_replayed: dict[str, ReplayedMember] = {}
         self._replay_has_rollout_log_probs = False  # the step's records carry rollout_log_probs (set at insertion)
         # (question, step collected) -> how many policy versions its group's rollouts were behind then (the w-spread
-        # metrics by staleness; not checkpointed: a resumed run's older trajectories count as unknown)
+        # metrics by staleness; the asynchronous modes checkpoint it with their groups in flight)
         self._stored_staleness: dict[tuple[str, int], int] = {}
         self._fresh_source: FreshStream | None = None
         self._qid_to_index: dict[str, int] | None = None
@@ -373,7 +373,10 @@ class AsyncGroupsMixin:
     def save_in_flight(self, folder: str) -> str:
         live = self.live_prompt_uids()
         groups = {uid: (info.qid, info.is_replay) for uid, info in self._groups.items() if uid in live}
-        state.save_in_flight(os.path.join(folder, IN_FLIGHT_FILE_NAME), groups)
+        # a question the pool no longer holds has no trajectory left to replay: its entries go (the map stays the
+        # size of the pool's history instead of the run's)
+        self._stored_staleness = {k: s for k, s in self._stored_staleness.items() if k[0] in self.pool}
+        state.save_in_flight(os.path.join(folder, IN_FLIGHT_FILE_NAME), groups, self._stored_staleness)
         return f", {len(groups)} groups in flight ({sum(r for _, r in groups.values())} replayed)"
 
     def load_in_flight(self, folder: str | None) -> None:
@@ -397,6 +400,7 @@ class AsyncGroupsMixin:
             return
         groups = state.load_in_flight(path)
         self._groups = {uid: GroupInfo(qid, replay) for uid, (qid, replay) in groups.items()}
+        self._stored_staleness = state.load_stored_staleness(path)
         print(f"[exgrpo] restored {len(groups)} groups in flight of step {self.global_steps} "
               f"({sum(r for _, r in groups.values())} replayed)", flush=True)
 

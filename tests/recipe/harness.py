@@ -320,6 +320,9 @@ def check_in_flight_round_trip(trainer, config, correct: dict[str, set[int]]) ->
 
     in_flight = {uid: (info.qid, info.is_replay) for uid, info in trainer._groups.items()
                  if uid in trainer.live_prompt_uids()}
+    held = {k: s for k, s in trainer._stored_staleness.items() if k[0] in trainer.pool}
+    assert held, "no collected group's staleness is known: the w metrics by staleness would have nothing to resume"
+    trainer._stored_staleness[("a question the pool let go", 1)] = 0
     trainer._save_checkpoint()
     folder = str(Path(config.trainer.default_local_dir) / f"global_step_{trainer.global_steps}")
     assert load_in_flight(Path(folder) / "exgrpo_in_flight.json") == in_flight
@@ -329,6 +332,9 @@ def check_in_flight_round_trip(trainer, config, correct: dict[str, set[int]]) ->
     resumed.load_in_flight(folder)
     assert {uid: (g.qid, g.is_replay) for uid, g in resumed._groups.items()} == in_flight
     assert resumed.pool.state_digest() == trainer.pool.state_digest()
+    # the staleness of every trajectory the pool holds comes back, and only theirs (a question the pool let go is
+    # dropped from the map at the save)
+    assert resumed._stored_staleness == held == trainer._stored_staleness
     return in_flight, folder
 
 
