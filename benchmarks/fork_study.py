@@ -367,8 +367,12 @@ def gap(a: dict[str, Any], b: dict[str, Any], step: int, kind: str) -> float | N
 
 
 OFFSETS = (0, 5, 10, FUTURE_STEPS)
-STABILITY = (("exgrpo/groups_zero_variance", "zero-variance groups", 100.0),
-             ("actor/entropy", "entropy", 1.0), ("actor/grad_norm", "gradient norm", 1.0))
+# (metric, column, scale). Entropy per response token: verl's actor/entropy is aggregated with the loss (the paper
+# profile sums each sequence's tokens), so it moves with the response length, shown beside it
+STABILITY = (("exgrpo/groups_zero_variance", "zero-variance groups", 100.0, 1),
+             ("actor/exgrpo/entropy_token_mean", "entropy per token (nats)", 1.0, 3),
+             ("response_length/mean", "response length (tokens)", 1.0, 1),
+             ("actor/grad_norm", "gradient norm", 1.0, 1))
 
 
 def post_fork_mean(a: dict[str, Any], b: dict[str, Any], fork: int, kind: str) -> float | None:
@@ -433,8 +437,8 @@ def post_fork_level(result: dict[str, Any], fork: int, key: str) -> float | None
     return statistics.fmean(values) if values else None
 
 
-def _cell(values: list[float], scale: float = 100.0) -> str:
-    return rs.fmt(*rs.mean_interval(values), scale=scale) if values else "n/a"
+def _cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    return rs.fmt(*rs.mean_interval(values), scale=scale, digits=digits) if values else "n/a"
 
 
 def _label(name: str) -> str:
@@ -500,12 +504,23 @@ def report(plots: Path | None) -> str:
             lines.append("")
         lines += [f"**Stability**, averaged over the {FUTURE_STEPS} steps after the fork: mean ± 95 % t interval over "
                   "seeds (zero-variance groups: the share of groups whose rollouts all scored the same, in %).", "",
-                  "| future | n | " + " | ".join(label for _, label, _ in STABILITY) + " |",
+                  "| future | n | " + " | ".join(label for _, label, _, _ in STABILITY) + " |",
                   "|---|---:|" + "---:|" * len(STABILITY)]
         for name in ("grpo", *names):
             runs = [r for r in seeds.values() if name in r and "trunk" in r]
             cells = [_cell([x for r in runs if (x := post_fork_level(r[name], r["trunk"]["fork_step"], key))
-                            is not None], scale).lstrip("+") for key, _, scale in STABILITY]
+                            is not None], scale, digits).lstrip("+") for key, _, scale, digits in STABILITY]
+            lines.append(f"| {_label(name)} | {len(runs)} | " + " | ".join(cells) + " |")
+        lines += ["", "The same, paired: future − GRPO on the same fork (seeds differ more than futures of one seed do).",
+                  "", "| future − GRPO | n | " + " | ".join(label for _, label, _, _ in STABILITY) + " |",
+                  "|---|---:|" + "---:|" * len(STABILITY)]
+        for name in names:
+            runs = [r for r in seeds.values() if name in r and "grpo" in r and "trunk" in r]
+            cells = []
+            for key, _, scale, digits in STABILITY:
+                pairs = [(post_fork_level(r[name], r["trunk"]["fork_step"], key),
+                          post_fork_level(r["grpo"], r["trunk"]["fork_step"], key)) for r in runs]
+                cells.append(_cell([a - b for a, b in pairs if a is not None and b is not None], scale, digits))
             lines.append(f"| {_label(name)} | {len(runs)} | " + " | ".join(cells) + " |")
         lines.append("")
         if plots is not None:

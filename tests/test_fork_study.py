@@ -82,7 +82,8 @@ def test_the_report_pairs_each_future_with_grpo_on_the_same_fork_and_shows_the_a
         (tmp_path / f"hard__trunk__seed{seed}.json").write_text(json.dumps(trunk))
         for name, by_seed in curves.items():
             val = {fork + o: v for o, v in zip((0, 5, 10, 15), by_seed[seed], strict=True)}
-            steps = {fork + o: {"exgrpo/groups_zero_variance": 0.25, "actor/entropy": 1.0 + seed}
+            steps = {fork + o: {"exgrpo/groups_zero_variance": 0.25, "actor/exgrpo/entropy_token_mean": 1.0 + seed
+                                                                 + (0.5 - 0.2 * seed) * (name == "exgrpo")}
                      | ({"exgrpo/fresh_questions": 4.0} if name == "exgrpo" else {}) for o in range(1, 16)}
             (tmp_path / f"hard__{name}__seed{seed}.json").write_text(json.dumps(_result("hard", name, seed, f"t{seed}",
                                                                                         val, fork, steps)))
@@ -119,9 +120,15 @@ def test_the_report_pairs_each_future_with_grpo_on_the_same_fork_and_shows_the_a
     assert f_cells[1] == f"+47.5 ± {100 * 12.706 * d_sd / math.sqrt(2):.1f}"
     grpo_fresh = next(line for line in lines if line.startswith("| grpo | 2 |"))
     assert grpo_fresh.split("|")[3].strip() == f"27.5 ± {100 * 12.706 * math.sqrt(0.01125) / math.sqrt(2):.1f}"
-    # stability: every step 25 % zero-variance groups; entropy 1.0 in seed 0 and 2.0 in seed 1
+    # stability: every step 25 % zero-variance groups; entropy per token 1.0 (GRPO) and 1.5 (ExGRPO) in seed 0, 2.0
+    # and 2.3 in seed 1; no response length or gradient norm logged
     stab = [line for line in lines if line.startswith("| exgrpo | 2 |")][2]
-    assert [c.strip() for c in stab.split("|")[3:-1]] == ["25.0 ± 0.0", f"1.5 ± {12.706 * 0.5:.1f}", "n/a"]
+    assert [c.strip() for c in stab.split("|")[3:-1]] == ["25.0 ± 0.0", f"1.900 ± {12.706 * 0.4:.3f}", "n/a", "n/a"]
+    grpo_stab = [line for line in lines if line.startswith("| grpo | 2 |")][1]
+    assert grpo_stab.split("|")[4].strip() == f"1.500 ± {12.706 * 0.5:.3f}"
+    # paired with GRPO on the same fork: entropy +0.5 and +0.3 -> +0.4, sd 0.1414
+    paired = [line for line in lines if line.startswith("| exgrpo | 2 |")][3]
+    assert [c.strip() for c in paired.split("|")[3:-1]] == ["+0.0 ± 0.0", f"+0.400 ± {12.706 * 0.1:.3f}", "n/a", "n/a"]
 
 
 def test_held_out_accuracy_is_read_at_the_number_of_samples_the_study_asks_for():
