@@ -593,11 +593,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.out is None:
             print(report(args.plots))
             return
+        commit = source_state()  # before the figures are rewritten: they are this command's output
         text = report(args.out.parent if args.plots is None else args.plots)
         runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*__*__seed*.json"))]
         cpus = sorted({r.get("cpu", "?") for r in runs})
         header = [f"Written by `python benchmarks/fork_study.py report --out {args.out.name}` at commit "
-                  f"{source_state()}, {dt.date.today().isoformat()}, from {len(runs)} result files in "
+                  f"{commit}, {dt.date.today().isoformat()}, from {len(runs)} result files in "
                   f"{RESULTS.relative_to(REPO) if RESULTS.is_relative_to(REPO) else RESULTS} (runs on: "
                   f"{'; '.join(cpus)}).", ""]
         args.out.write_text("\n".join(header) + text + "\n")
