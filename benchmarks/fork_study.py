@@ -41,7 +41,7 @@ trunk, new futures), and the report pairs only futures of the same trunk.
 Usage::
 
     python benchmarks/fork_study.py plan
-    python benchmarks/fork_study.py run [--only hard/0] [--until 18:00]   # whole seeds, in plan order
+    python benchmarks/fork_study.py run [--only hard/0] [--until 18:00]   # seeds in plan order, no run after 18:00
     python benchmarks/fork_study.py report [--plots benchmarks]
 """
 
@@ -297,7 +297,9 @@ def write(path: Path, result: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def run_seed(item: SeedPlan, work: Path, model: Path) -> None:
+def run_seed(item: SeedPlan, work: Path, model: Path, deadline: dt.datetime | None = None) -> bool:
+    """The seed's trunk (unless its checkpoint is here) and its missing futures; no run starts after ``deadline``.
+    Returns whether the seed is complete: a stopped seed keeps its trunk's checkpoint for the next invocation."""
     train_file, val_file = rs.task_files(REGIMES[item.regime].rs_regime, work)
     env_extra = {"MODEL_PATH": str(model), "TRAIN_FILE": str(train_file), "VAL_FILE": str(val_file)}
     trunk_dir = work / "runs" / f"{item.regime}__trunk__seed{item.seed}"
@@ -311,6 +313,10 @@ def run_seed(item: SeedPlan, work: Path, model: Path) -> None:
         path = item.result(name)
         if path.exists() and json.loads(path.read_text()).get("trunk_id") == trunk["trunk_id"]:
             continue
+        if deadline and dt.datetime.now() >= deadline:
+            print(f"[fork] {item.name}: past {deadline:%H:%M}, {name} not started; the trunk's checkpoint stays in "
+                  f"{trunk_dir}", flush=True)
+            return False
         for attempt in (1, 2):  # a future always starts from the fork's checkpoint: a killed one can start over
             try:
                 result = run_future(item, name, trunk, work, env_extra)
@@ -322,6 +328,7 @@ def run_seed(item: SeedPlan, work: Path, model: Path) -> None:
         write(path, result)
         print(f"[fork] {item.name}: {name} done in {result['wall_s']:.0f} s", flush=True)
     shutil.rmtree(trunk_dir, ignore_errors=True)  # every future of this trunk is written: its weights can go
+    return True
 
 
 def deadline_of(until: str | None) -> dt.datetime | None:
@@ -579,7 +586,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for p in (p_plan, p_run):
         p.add_argument("--only", nargs="*", default=[], help="regime or regime/seed")
     p_run.add_argument("--work", type=Path, default=REPO / "runs" / "fork_study")
-    p_run.add_argument("--until", default=None, help="HH:MM: start no seed after the next such time")
+    p_run.add_argument("--until", default=None, help="HH:MM: start no run (trunk or future) after the next such time")
     p_run.add_argument("--max-seeds", type=int, default=None)
     p_report.add_argument("--plots", type=Path, default=None)
     p_report.add_argument("--out", type=Path, default=None,
@@ -611,13 +618,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     todo = [i for i in items if not seed_done(i)]
     deadline = deadline_of(args.until)
-    print(f"[fork] {len(todo)} seeds to do" + (f"; none started after {deadline:%H:%M}" if deadline else ""),
+    print(f"[fork] {len(todo)} seeds to do" + (f"; no run started after {deadline:%H:%M}" if deadline else ""),
           flush=True)
     model = rs.model_path()
     for done, item in enumerate(todo):
         if (args.max_seeds is not None and done >= args.max_seeds) or (deadline and dt.datetime.now() >= deadline):
             break
-        run_seed(item, args.work, model)
+        if not run_seed(item, args.work, model, deadline):
+            break
 
 
 if __name__ == "__main__":

@@ -67,6 +67,30 @@ def test_a_seed_is_done_only_with_every_future_of_its_own_trunk(tmp_path, monkey
     assert list(fs.load("headroom")[0]) == ["trunk"]
 
 
+def test_no_run_starts_past_the_deadline_and_a_stopped_seed_keeps_its_trunk_for_the_next_invocation(
+        tmp_path, monkeypatch):
+    import datetime as dt
+
+    monkeypatch.setattr(fs, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(fs.rs, "task_files", lambda regime, root: (root / "train.parquet", root / "val.parquet"))
+    started: list[str] = []
+    monkeypatch.setattr(fs, "run_future", lambda item, name, trunk, work, env: started.append(name) or
+                        {**_result(item.regime, name, item.seed, trunk["trunk_id"], {}), "wall_s": 1.0})
+    monkeypatch.setattr(fs, "run_trunk", lambda *a: (_ for _ in ()).throw(AssertionError("the trunk is here")))
+    item = fs.SeedPlan("headroom", 0)
+    work = tmp_path / "work"
+    trunk_dir = work / "runs" / "headroom__trunk__seed0" / "global_step_7"
+    trunk_dir.mkdir(parents=True)
+    fs.write(item.result("trunk"), _result("headroom", "trunk", 0, "t1", {}))
+    fs.write(item.result("exgrpo"), _result("headroom", "exgrpo", 0, "t1", {}))  # written by an earlier invocation
+    past = dt.datetime.now() - dt.timedelta(minutes=1)
+    assert fs.run_seed(item, work, Path("model"), deadline=past) is False
+    assert started == [] and trunk_dir.is_dir() and not fs.seed_done(item)
+    assert fs.run_seed(item, work, Path("model"), deadline=None) is True
+    assert started == [n for n in item.futures if n != "exgrpo"] and fs.seed_done(item)
+    assert not trunk_dir.parent.exists()  # every future written: the trunk's weights go
+
+
 def test_the_report_pairs_each_future_with_grpo_on_the_same_fork_and_shows_the_aa(tmp_path, monkeypatch):
     monkeypatch.setattr(fs, "RESULTS", tmp_path)
     forks = {0: 7, 1: 10}
