@@ -9,6 +9,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
@@ -60,31 +61,33 @@ def save_in_flight(path: str | os.PathLike, groups: Mapping[str, tuple[str, bool
     write_atomically(path, lambda f: f.write(payload))
 
 
-def load_in_flight(path: str | os.PathLike) -> dict[str, tuple[str, bool]]:
-    """Read :func:`save_in_flight`'s file; an unreadable one is an error naming the path."""
+class InFlight(NamedTuple):
+    """What :func:`save_in_flight` wrote: the groups (uid -> question id, replayed or not) and the staleness map."""
+
+    groups: dict[str, tuple[str, bool]]
+    staleness: dict[tuple[str, int], int]
+
+
+def load_in_flight(path: str | os.PathLike) -> InFlight:
+    """Read :func:`save_in_flight`'s file in one pass; an unreadable one is an error naming the path (and the part,
+    groups or staleness map). A file without the staleness map (written before it existed) reads as none known."""
     try:
         with open(path) as f:
             state = json.load(f)
         if int(state["version"]) != IN_FLIGHT_STATE_VERSION:
             raise ValueError(f"version {state['version']}, this code reads {IN_FLIGHT_STATE_VERSION}")
-        out = {}
+        groups = {}
         for uid, (qid, replay) in state["groups"].items():
             if not isinstance(replay, bool):
                 raise ValueError(f"group {uid!r}: the replay flag {replay!r} is not a boolean")
-            out[str(uid)] = (str(qid), replay)
-        return out
+            groups[str(uid)] = (str(qid), replay)
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"in-flight groups file {path} is unreadable: {err!r}") from err
-
-
-def load_stored_staleness(path: str | os.PathLike) -> dict[tuple[str, int], int]:
-    """The staleness map :func:`save_in_flight` wrote beside the groups (empty for a file without one)."""
     try:
-        with open(path) as f:
-            rows = json.load(f).get("staleness", [])
-        return {(str(qid), int(step)): int(s) for qid, step, s in rows}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        staleness = {(str(qid), int(step)): int(s) for qid, step, s in state.get("staleness", [])}
+    except (ValueError, TypeError) as err:
         raise ValueError(f"in-flight groups file {path}: its staleness map is unreadable: {err!r}") from err
+    return InFlight(groups, staleness)
 
 
 class ExGRPOStateMixin:

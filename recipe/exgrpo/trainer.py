@@ -398,9 +398,8 @@ class AsyncGroupsMixin:
                     "transfer_queue folder away to resume without those groups"
                 )
             return
-        groups = state.load_in_flight(path)
+        groups, self._stored_staleness = state.load_in_flight(path)
         self._groups = {uid: GroupInfo(qid, replay) for uid, (qid, replay) in groups.items()}
-        self._stored_staleness = state.load_stored_staleness(path)
         print(f"[exgrpo] restored {len(groups)} groups in flight of step {self.global_steps} "
               f"({sum(r for _, r in groups.values())} replayed)", flush=True)
 

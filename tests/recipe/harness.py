@@ -325,7 +325,7 @@ def check_in_flight_round_trip(trainer, config, correct: dict[str, set[int]]) ->
     trainer._stored_staleness[("a question the pool let go", 1)] = 0
     trainer._save_checkpoint()
     folder = str(Path(config.trainer.default_local_dir) / f"global_step_{trainer.global_steps}")
-    assert load_in_flight(Path(folder) / "exgrpo_in_flight.json") == in_flight
+    assert load_in_flight(Path(folder) / "exgrpo_in_flight.json").groups == in_flight
     resumed, _ = build_trainer(config, trainer.actor_rollout_wg.worker, correct, cls=type(trainer))
     resumed.global_steps = trainer.global_steps
     resumed.load_pool(folder)

@@ -145,24 +145,24 @@ def test_questions_in_flight_are_neither_replayed_nor_drawn_fresh_and_their_fres
 
 
 def test_in_flight_groups_round_trip_through_a_json_file_and_a_bad_file_names_its_path(tmp_path):
-    from recipe.exgrpo.state import load_in_flight, load_stored_staleness, save_in_flight
+    from recipe.exgrpo.state import load_in_flight, save_in_flight
 
     path = tmp_path / "global_step_3" / "exgrpo_in_flight.json"
     groups = {"uid-a": ("q1", True), "uid-b": ("q7", False)}
     staleness = {("q1", 2): 0, ("q1", 3): 1, ("q7", 3): 2}
     save_in_flight(path, groups, staleness)
-    assert load_in_flight(path) == groups and [p.name for p in path.parent.iterdir()] == [path.name]
-    assert load_stored_staleness(path) == staleness
+    assert load_in_flight(path) == (groups, staleness) and [p.name for p in path.parent.iterdir()] == [path.name]
     save_in_flight(path, {})
-    assert load_in_flight(path) == {} and load_stored_staleness(path) == {}
+    assert load_in_flight(path) == ({}, {})
     path.write_text('{"version": 1, "groups": {"u": ["q1", true]}}')  # a file written before the staleness map
-    assert load_in_flight(path) == {"u": ("q1", True)} and load_stored_staleness(path) == {}
-    path.write_text('{"version": 1, "groups": {}, "staleness": [["q1", 2]]}')
-    with pytest.raises(ValueError, match="exgrpo_in_flight.json: its staleness map"):
-        load_stored_staleness(path)
+    assert load_in_flight(path) == ({"u": ("q1", True)}, {})
+    for bad_map in ('[["q1", 2]]', '[["q1", "two", 0]]', '{"q1": 2}'):
+        path.write_text(f'{{"version": 1, "groups": {{}}, "staleness": {bad_map}}}')
+        with pytest.raises(ValueError, match="exgrpo_in_flight.json: its staleness map"):
+            load_in_flight(path)
     for bad in ("{not json", '{"version": 2, "groups": {}}', '{"version": 1, "groups": {"u": ["q1", "yes"]}}'):
         path.write_text(bad)
-        with pytest.raises(ValueError, match="exgrpo_in_flight.json"):
+        with pytest.raises(ValueError, match="in-flight groups file .*exgrpo_in_flight.json is unreadable"):
             load_in_flight(path)
 
 

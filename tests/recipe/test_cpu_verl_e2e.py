@@ -416,7 +416,7 @@ def test_paper_twin_in_colocate_async_replays_a_step_late_and_resumes_in_separat
     assert sorted(saved) == sorted(digests) == steps
     groups, replayed = saved[ASYNC_STEPS]
     assert replayed >= chosen and groups >= replayed  # the step's replay groups are still in flight at its save
-    on_disk = load_in_flight(ckpt / f"global_step_{ASYNC_STEPS}" / "exgrpo_in_flight.json")
+    on_disk = load_in_flight(ckpt / f"global_step_{ASYNC_STEPS}" / "exgrpo_in_flight.json").groups
     assert (len(on_disk), sum(r for _, r in on_disk.values())) == (groups, replayed)
     assert (ckpt / f"global_step_{ASYNC_STEPS}" / "transfer_queue").is_dir()  # verl's in-flight prompts
 
