@@ -509,6 +509,29 @@ def report(plots: Path | None) -> str:
                 lines.append(f"| {_label(name)} | {len(runs)} | " + " | ".join(c.lstrip("+") if i % 2 == 0 else c
                                                                                  for i, c in enumerate(cells)) + " |")
             lines.append("")
+            # an ablation's own question is what its part adds to ExGRPO, so pair it with ExGRPO, not with GRPO
+            ablations = [n for n in ABLATIONS if n in names]
+            if ablations:
+                lines += ["**The ablations against ExGRPO.** ExGRPO − ablation on the same fork, in points: what "
+                          "removing the part costs (above zero: the part helped), per training step (each seed's "
+                          "difference averaged over " + ", ".join(f"+{o}" for o in OFFSETS[1:]) + ") and per fresh "
+                          f"question (after {target:.0f}).", "",
+                          "| ExGRPO − ablation | n | ID per step | ID per fresh question | OOD per step "
+                          "| OOD per fresh question |", "|---|---:|---:|---:|---:|---:|"]
+                for name in ablations:
+                    runs = [r for r in seeds.values() if name in r and "exgrpo" in r and "trunk" in r]
+                    cells = []
+                    for kind in ("id", "ood"):
+                        cells.append(_cell([g for r in runs if (g := post_fork_mean(r["exgrpo"], r[name],
+                                                                                    r["trunk"]["fork_step"], kind))
+                                            is not None]))
+                        at = [(accuracy_at_fresh(r["exgrpo"], r["trunk"]["fork_step"], batch_questions(r["trunk"]),
+                                                 target, kind),
+                               accuracy_at_fresh(r[name], r["trunk"]["fork_step"], batch_questions(r["trunk"]),
+                                                 target, kind)) for r in runs]
+                        cells.append(_cell([a - b for a, b in at if a is not None and b is not None]))
+                    lines.append(f"| {name} | {len(runs)} | " + " | ".join(cells) + " |")
+                lines.append("")
         lines += [f"**Stability**, averaged over the {FUTURE_STEPS} steps after the fork: mean ± 95 % t interval over "
                   "seeds (zero-variance groups: the share of groups whose rollouts all scored the same, in %).", "",
                   "| future | n | " + " | ".join(label for _, label, _, _ in STABILITY) + " |",

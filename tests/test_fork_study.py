@@ -116,7 +116,7 @@ def test_the_report_pairs_each_future_with_grpo_on_the_same_fork_and_shows_the_a
     (tmp_path / "hard__exgrpo_no_shaping__seed1.json").write_text(json.dumps(stale))
     text = fs.report(plots=None)
     assert "Fork step per seed: 0: 7 (latch at step 6), 1: 10 (latch at step 9)." in text
-    assert "exgrpo_no_shaping" not in text
+    assert "exgrpo_no_shaping" not in text and "The ablations against ExGRPO" not in text
     lines = text.splitlines()
     row = next(line for line in lines if line.startswith("| exgrpo | 2 |"))
     cells = [c.strip() for c in row.split("|")[3:-1]]  # ID +0 +5 +10 +15 mean, then OOD the same
@@ -153,6 +153,39 @@ def test_the_report_pairs_each_future_with_grpo_on_the_same_fork_and_shows_the_a
     # paired with GRPO on the same fork: entropy +0.5 and +0.3 -> +0.4, sd 0.1414
     paired = [line for line in lines if line.startswith("| exgrpo | 2 |")][3]
     assert [c.strip() for c in paired.split("|")[3:-1]] == ["+0.0 ± 0.0", f"+0.400 ± {12.706 * 0.1:.3f}", "n/a", "n/a"]
+
+
+def test_an_ablation_is_paired_with_exgrpo_on_the_same_fork_per_step_and_per_fresh_question(tmp_path, monkeypatch):
+    monkeypatch.setattr(fs, "RESULTS", tmp_path)
+    forks = {0: 7, 1: 10}
+    curves = {  # (ID, OOD) at the fork and 5, 10, 15 steps after it
+        "grpo": {0: [(0.2, 0.4), (0.3, 0.4), (0.4, 0.5), (0.5, 0.5)], 1: [(0.1, 0.2), (0.2, 0.2), (0.2, 0.3), (0.3, 0.3)]},
+        "exgrpo": {0: [(0.2, 0.4), (0.5, 0.5), (0.6, 0.6), (0.9, 0.7)], 1: [(0.1, 0.2), (0.3, 0.3), (0.5, 0.4), (0.6, 0.4)]},
+        "exgrpo_select_random": {0: [(0.2, 0.4), (0.4, 0.5), (0.6, 0.5), (0.7, 0.7)],
+                                 1: [(0.1, 0.2), (0.3, 0.2), (0.5, 0.4), (0.7, 0.4)]},
+    }
+    for seed, fork in forks.items():
+        trunk = _result("hard", "trunk", seed, f"t{seed}", {}, fork, {1: {"exgrpo/fresh_questions": 8.0}})
+        (tmp_path / f"hard__trunk__seed{seed}.json").write_text(json.dumps(trunk))
+        for name, by_seed in curves.items():
+            val = {fork + o: v for o, v in zip((0, 5, 10, 15), by_seed[seed], strict=True)}
+            steps = {fork + o: {"exgrpo/fresh_questions": 4.0} if name != "grpo" else {} for o in range(1, 16)}
+            (tmp_path / f"hard__{name}__seed{seed}.json").write_text(json.dumps(_result("hard", name, seed, f"t{seed}",
+                                                                                        val, fork, steps)))
+    lines = fs.report(plots=None).splitlines()
+    row = next(line for line in lines if line.startswith("| ExGRPO − ablation |"))
+    assert [c.strip() for c in row.split("|")[1:-1]] == ["ExGRPO − ablation", "n", "ID per step", "ID per fresh question",
+                                                         "OOD per step", "OOD per fresh question"]
+    cells = [c.strip() for c in lines[lines.index(row) + 2].split("|")[1:-1]]
+    assert cells[:2] == ["exgrpo_select_random", "2"]
+    # ID per step, ExGRPO − ablation averaged over +5, +10, +15: seed 0 (0.1 + 0.0 + 0.2) / 3 = 0.1, seed 1
+    # (0.0 + 0.0 - 0.1) / 3 -> mean 1/30, sd (0.1 + 1/30) / sqrt(2)
+    sd = (0.1 + 1 / 30) / math.sqrt(2)
+    assert cells[2] == f"+3.3 ± {100 * 12.706 * sd / math.sqrt(2):.1f}"
+    # both draw 4 fresh questions a step, so 60 is +15: 0.9 - 0.7 and 0.6 - 0.7 -> +0.05, sd 0.3 / sqrt(2)
+    assert cells[3] == f"+5.0 ± {100 * 12.706 * 0.3 / 2:.1f}"
+    # OOD: 0.1 / 3 in both seeds per step; 0.7 - 0.7 and 0.4 - 0.4 per fresh question
+    assert cells[4:] == ["+3.3 ± 0.0", "+0.0 ± 0.0"]
 
 
 def test_held_out_accuracy_is_read_at_the_number_of_samples_the_study_asks_for():
