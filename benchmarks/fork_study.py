@@ -20,11 +20,12 @@ at step 1. Here every seed has one history and several futures:
   of both kinds.
 
 Held-out accuracy is the policy's expected reward: ``VAL_SAMPLES`` answers per question sampled at the rollout
-temperature (1.0), verl's ``mean@4``. Greedy accuracy cannot rank the futures: in the pilot (hard seed 3, commit
-27c17b1) it was 0.77 at the fork and 0.96-1.00 in every future five steps later, while the sampled accuracy the
-objective raises was still near 0.5.
+temperature (1.0), verl's ``mean@4``. Greedy accuracy cannot rank the futures: in the pilot (an earlier trunk of hard
+seed 3, commit 27c17b1) it was 0.77 at the fork and 0.96-1.00 in every future five steps later, while the sampled
+accuracy the objective raises was still near 0.5.
 
-The effect is the paired difference ExGRPO − GRPO after the fork, beside the A/A difference GRPO' − GRPO.
+The effect is the paired difference ExGRPO − GRPO after the fork, beside the A/A difference GRPO' − GRPO; an
+ablation's is ExGRPO − ablation on the same fork (what removing its part costs).
 
 One profile switch differs from the paper script: ``strict_format=false``. SmolLM2 never closes ``</think>``, so the
 paper's strict grading would score every rollout 0 and no run could learn (docs/cpu.md, "A real model").
