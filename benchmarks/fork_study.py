@@ -298,6 +298,25 @@ def write(path: Path, result: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def seed_status(item: SeedPlan, work: Path) -> str:
+    """One line of ``plan``: what is written and what is left, and whether a written trunk can still be forked here
+    (its checkpoint lives only in ``work``; without it the seed starts over, futures and all)."""
+    if seed_done(item):
+        return f"done  {item.name}: trunk, {', '.join(item.futures)}"
+    if not item.result("trunk").exists():
+        return f"todo  {item.name}: trunk, {', '.join(item.futures)}"
+    trunk = json.loads(item.result("trunk").read_text())
+    checkpoint = work / "runs" / f"{item.regime}__trunk__seed{item.seed}" / f"global_step_{trunk['fork_step']}"
+    if not checkpoint.is_dir():
+        return (f"todo  {item.name}: trunk written, its checkpoint not in {work}: the seed starts over (trunk, "
+                f"{', '.join(item.futures)})")
+    written = [n for n in item.futures if item.result(n).exists()
+               and json.loads(item.result(n).read_text()).get("trunk_id") == trunk["trunk_id"]]
+    left = [n for n in item.futures if n not in written]
+    return (f"todo  {item.name}: trunk written (forks at {trunk['fork_step']}, checkpoint here)"
+            + (f", {', '.join(written)}" if written else "") + f"; to run: {', '.join(left)}")
+
+
 def run_seed(item: SeedPlan, work: Path, model: Path, deadline: dt.datetime | None = None) -> bool:
     """The seed's trunk (unless its checkpoint is here) and its missing futures; no run starts after ``deadline``.
     Returns whether the seed is complete: a stopped seed keeps its trunk's checkpoint for the next invocation."""
@@ -609,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p_plan, p_run, p_report = sub.add_parser("plan"), sub.add_parser("run"), sub.add_parser("report")
     for p in (p_plan, p_run):
         p.add_argument("--only", nargs="*", default=[], help="regime or regime/seed")
-    p_run.add_argument("--work", type=Path, default=REPO / "runs" / "fork_study")
+        p.add_argument("--work", type=Path, default=REPO / "runs" / "fork_study")
     p_run.add_argument("--until", default=None, help="HH:MM: start no run (trunk or future) after the next such time")
     p_run.add_argument("--max-seeds", type=int, default=None)
     p_report.add_argument("--plots", type=Path, default=None)
@@ -638,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     items = [i for i in plan() if not args.only or i.regime in args.only or i.name in args.only]
     if args.command == "plan":
         for item in items:
-            print(f"{'done' if seed_done(item) else 'todo'}  {item.name}: trunk, {', '.join(item.futures)}")
+            print(seed_status(item, args.work))
         return
     todo = [i for i in items if not seed_done(i)]
     deadline = deadline_of(args.until)

@@ -67,6 +67,25 @@ def test_a_seed_is_done_only_with_every_future_of_its_own_trunk(tmp_path, monkey
     assert list(fs.load("headroom")[0]) == ["trunk"]
 
 
+def test_plan_says_what_a_stopped_seed_has_written_and_whether_its_trunk_can_still_fork_here(tmp_path, monkeypatch):
+    monkeypatch.setattr(fs, "RESULTS", tmp_path / "results")
+    item, work = fs.SeedPlan("headroom", 1), tmp_path / "work"
+    assert fs.seed_status(item, work) == "todo  headroom/1: trunk, exgrpo, grpo, grpo_aa"
+    fs.write(item.result("trunk"), _result("headroom", "trunk", 1, "t1", {}, fork=9))
+    fs.write(item.result("grpo"), _result("headroom", "grpo", 1, "t1", {}, fork=9))
+    fs.write(item.result("exgrpo"), _result("headroom", "exgrpo", 1, "t0", {}, fork=9))  # an older trunk's: left to run
+    assert fs.seed_status(item, work) == (f"todo  headroom/1: trunk written, its checkpoint not in {work}: the seed "
+                                          "starts over (trunk, exgrpo, grpo, grpo_aa)")
+    (work / "runs" / "headroom__trunk__seed1" / "global_step_8").mkdir(parents=True)  # not the fork step's
+    assert "the seed starts over" in fs.seed_status(item, work)
+    (work / "runs" / "headroom__trunk__seed1" / "global_step_9").mkdir()
+    assert fs.seed_status(item, work) == ("todo  headroom/1: trunk written (forks at 9, checkpoint here), grpo; "
+                                          "to run: exgrpo, grpo_aa")
+    for name in ("exgrpo", "grpo_aa"):
+        fs.write(item.result(name), _result("headroom", name, 1, "t1", {}, fork=9))
+    assert fs.seed_status(item, work) == "done  headroom/1: trunk, exgrpo, grpo, grpo_aa"
+
+
 def test_no_run_starts_past_the_deadline_and_a_stopped_seed_keeps_its_trunk_for_the_next_invocation(
         tmp_path, monkeypatch):
     import datetime as dt
