@@ -130,6 +130,18 @@ class SeedPlan:
     def result(self, run: str) -> Path:
         return RESULTS / f"{self.regime}__{run}__seed{self.seed}.json"
 
+    def written_from(self, run: str, trunk_id: str) -> bool:
+        """The run's result file exists and was forked from this trunk (a rerun trunk orphans the older futures)."""
+        path = self.result(run)
+        return path.exists() and json.loads(path.read_text()).get("trunk_id") == trunk_id
+
+    def trunk_dir(self, work: Path) -> Path:
+        return work / "runs" / f"{self.regime}__trunk__seed{self.seed}"
+
+    def fork_checkpoint(self, work: Path, trunk: dict[str, Any]) -> Path:
+        """Where the futures start from; it lives only in ``work`` on the machine that ran the trunk."""
+        return self.trunk_dir(work) / f"global_step_{trunk['fork_step']}"
+
     @property
     def name(self) -> str:
         return f"{self.regime}/{self.seed}"
@@ -146,8 +158,7 @@ def seed_done(item: SeedPlan) -> bool:
     if not item.result("trunk").exists():
         return False
     trunk_id = json.loads(item.result("trunk").read_text())["trunk_id"]
-    return all(p.exists() and json.loads(p.read_text()).get("trunk_id") == trunk_id
-               for p in map(item.result, item.futures))
+    return all(item.written_from(name, trunk_id) for name in item.futures)
 
 
 def fork_step(metrics: dict[int, dict[str, float]], fork_by: int = FORK_BY) -> tuple[int | None, str]:
@@ -203,7 +214,7 @@ def _seed_overrides(item: SeedPlan) -> list[str]:
 
 
 def run_trunk(item: SeedPlan, work: Path, env_extra: dict[str, str]) -> dict[str, Any]:
-    folder = work / "runs" / f"{item.regime}__trunk__seed{item.seed}"
+    folder = item.trunk_dir(work)
     shutil.rmtree(folder, ignore_errors=True)  # a trunk is one history: never resumed into another
     folder.mkdir(parents=True)
     overrides = [*_seed_overrides(item), f"trainer.total_training_steps={FORK_BY}", "trainer.save_freq=1",
@@ -236,7 +247,7 @@ def run_trunk(item: SeedPlan, work: Path, env_extra: dict[str, str]) -> dict[str
 def run_future(item: SeedPlan, name: str, trunk: dict[str, Any], work: Path, env_extra: dict[str, str]
                ) -> dict[str, Any]:
     fork = trunk["fork_step"]
-    source = work / "runs" / f"{item.regime}__trunk__seed{item.seed}" / f"global_step_{fork}"
+    source = item.fork_checkpoint(work, trunk)
     folder = work / "runs" / f"{item.regime}__{name}__seed{item.seed}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -306,12 +317,10 @@ def seed_status(item: SeedPlan, work: Path) -> str:
     if not item.result("trunk").exists():
         return f"todo  {item.name}: trunk, {', '.join(item.futures)}"
     trunk = json.loads(item.result("trunk").read_text())
-    checkpoint = work / "runs" / f"{item.regime}__trunk__seed{item.seed}" / f"global_step_{trunk['fork_step']}"
-    if not checkpoint.is_dir():
+    if not item.fork_checkpoint(work, trunk).is_dir():
         return (f"todo  {item.name}: trunk written, its checkpoint not in {work}: the seed starts over (trunk, "
                 f"{', '.join(item.futures)})")
-    written = [n for n in item.futures if item.result(n).exists()
-               and json.loads(item.result(n).read_text()).get("trunk_id") == trunk["trunk_id"]]
+    written = [n for n in item.futures if item.written_from(n, trunk["trunk_id"])]
     left = [n for n in item.futures if n not in written]
     return (f"todo  {item.name}: trunk written (forks at {trunk['fork_step']}, checkpoint here)"
             + (f", {', '.join(written)}" if written else "") + f"; to run: {', '.join(left)}")
@@ -322,20 +331,18 @@ def run_seed(item: SeedPlan, work: Path, model: Path, deadline: dt.datetime | No
     Returns whether the seed is complete: a stopped seed keeps its trunk's checkpoint for the next invocation."""
     train_file, val_file = rs.task_files(REGIMES[item.regime].rs_regime, work)
     env_extra = {"MODEL_PATH": str(model), "TRAIN_FILE": str(train_file), "VAL_FILE": str(val_file)}
-    trunk_dir = work / "runs" / f"{item.regime}__trunk__seed{item.seed}"
     trunk = json.loads(item.result("trunk").read_text()) if item.result("trunk").exists() else None
-    if trunk is None or not (trunk_dir / f"global_step_{trunk['fork_step']}").is_dir():
+    if trunk is None or not item.fork_checkpoint(work, trunk).is_dir():
         if trunk is not None:
             print(f"[fork] {item.name}: the trunk's checkpoint is not on this machine: the seed starts over", flush=True)
         trunk = run_trunk(item, work, env_extra)
         write(item.result("trunk"), trunk)
     for name in item.futures:
-        path = item.result(name)
-        if path.exists() and json.loads(path.read_text()).get("trunk_id") == trunk["trunk_id"]:
+        if item.written_from(name, trunk["trunk_id"]):
             continue
         if deadline and dt.datetime.now() >= deadline:
             print(f"[fork] {item.name}: past {deadline:%H:%M}, {name} not started; the trunk's checkpoint stays in "
-                  f"{trunk_dir}", flush=True)
+                  f"{item.trunk_dir(work)}", flush=True)
             return False
         for attempt in (1, 2):  # a future always starts from the fork's checkpoint: a killed one can start over
             try:
@@ -345,9 +352,9 @@ def run_seed(item: SeedPlan, work: Path, model: Path, deadline: dt.datetime | No
                 if attempt == 2:
                     raise
                 print(f"{failure}\n[fork] {item.name}: {name} starts over from the fork", flush=True)
-        write(path, result)
+        write(item.result(name), result)
         print(f"[fork] {item.name}: {name} done in {result['wall_s']:.0f} s", flush=True)
-    shutil.rmtree(trunk_dir, ignore_errors=True)  # every future of this trunk is written: its weights can go
+    shutil.rmtree(item.trunk_dir(work), ignore_errors=True)  # every future of this trunk is written: its weights can go
     return True
 
 
@@ -431,6 +438,11 @@ def accuracy_at_fresh(result: dict[str, Any], fork: int, batch_questions: int, t
     """Held-out accuracy once ``target`` fresh questions are consumed, linear between the two validations around
     it (None when the future never got that far)."""
     return on_line(fresh_points(result, fork, batch_questions, kind), target)
+
+
+def seed_at_fresh(runs: dict[str, dict[str, Any]], name: str, target: float, kind: str) -> float | None:
+    """``accuracy_at_fresh`` for one future of a seed's runs (result files by run name, the trunk among them)."""
+    return accuracy_at_fresh(runs[name], runs["trunk"]["fork_step"], batch_questions(runs["trunk"]), target, kind)
 
 
 FRESH_GRID = 4  # fresh questions between two points of the per-fresh-question curve
@@ -519,10 +531,7 @@ def report(plots: Path | None) -> str:
                 runs = [r for r in seeds.values() if name in r and "grpo" in r and "trunk" in r]
                 cells = []
                 for kind in ("id", "ood"):
-                    at = [(accuracy_at_fresh(r[name], r["trunk"]["fork_step"], batch_questions(r["trunk"]), target,
-                                             kind),
-                           accuracy_at_fresh(r["grpo"], r["trunk"]["fork_step"], batch_questions(r["trunk"]), target,
-                                             kind)) for r in runs]
+                    at = [(seed_at_fresh(r, name, target, kind), seed_at_fresh(r, "grpo", target, kind)) for r in runs]
                     cells.append(_cell([a for a, _ in at if a is not None]))
                     cells.append("" if name == "grpo" else _cell([a - b for a, b in at
                                                                    if a is not None and b is not None]))
@@ -545,10 +554,8 @@ def report(plots: Path | None) -> str:
                         cells.append(_cell([g for r in runs if (g := post_fork_mean(r["exgrpo"], r[name],
                                                                                     r["trunk"]["fork_step"], kind))
                                             is not None]))
-                        at = [(accuracy_at_fresh(r["exgrpo"], r["trunk"]["fork_step"], batch_questions(r["trunk"]),
-                                                 target, kind),
-                               accuracy_at_fresh(r[name], r["trunk"]["fork_step"], batch_questions(r["trunk"]),
-                                                 target, kind)) for r in runs]
+                        at = [(seed_at_fresh(r, "exgrpo", target, kind), seed_at_fresh(r, name, target, kind))
+                              for r in runs]
                         cells.append(_cell([a - b for a, b in at if a is not None and b is not None]))
                     lines.append(f"| {name} | {len(runs)} | " + " | ".join(cells) + " |")
                 lines.append("")
