@@ -586,9 +586,20 @@ def report(plots: Path | None) -> str:
     return "\n".join(lines) if lines else "no finished seed yet"
 
 
+def seeds_label(seeds: Sequence[int]) -> str:
+    """'seeds 0-4' for a run of consecutive seeds, else 'seeds 0, 2'."""
+    s = sorted(seeds)
+    if len(s) > 2 and s == list(range(s[0], s[-1] + 1)):
+        return f"seeds {s[0]}-{s[-1]}"
+    return ("seed " if len(s) == 1 else "seeds ") + ", ".join(map(str, s))
+
+
 def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -> None:
     """Top: future − GRPO by step after the fork (mean over seeds), ID and OOD. Bottom: each future's held-out
-    accuracy against the fresh questions it has drawn since the fork (mean over seeds)."""
+    accuracy against the fresh questions it has drawn since the fork (mean over seeds).
+
+    Each curve's label names its seeds. Where the ablations ran on fewer seeds, ExGRPO and GRPO are drawn again,
+    dashed, on the ablations' seeds: the curves each ablation is paired with in the report."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -597,11 +608,19 @@ def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -
     fig, axes = plt.subplots(2, 2, figsize=(9, 6.4))
     names = [n for n in (*MAIN_FUTURES, *ABLATIONS) if any(n in r for r in seeds.values())]
     colours = dict(zip(names, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    curves = [(name, [s for s, r in sorted(seeds.items()) if name in r and "grpo" in r and "trunk" in r], "-")
+              for name in names]  # the tables' seeds
+    ablation_seeds = sorted({s for name, ss, _ in curves if name in ABLATIONS for s in ss})
+    for base in ("exgrpo", "grpo"):  # the ablations' partners in the report, on the ablations' seeds
+        base_seeds = next((ss for name, ss, _ in curves if name == base), [])
+        if ablation_seeds and set(ablation_seeds) < set(base_seeds):
+            curves.append((base, ablation_seeds, "--"))
     for col, kind in enumerate(("id", "ood")):
         top, bottom = axes[0][col], axes[1][col]
-        for name in names:
+        for name, seed_ids, style in curves:
+            runs = [seeds[s] for s in seed_ids]
+            label = f"{name} ({seeds_label(seed_ids)})"
             diffs: dict[int, list[float]] = {}
-            runs = [r for r in seeds.values() if name in r and "grpo" in r and "trunk" in r]  # the tables' seeds
             for r in runs:
                 fork = r["trunk"]["fork_step"]
                 for o in range(FUTURE_STEPS + 1):
@@ -609,11 +628,11 @@ def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -
                         diffs.setdefault(o, []).append(g)
             if name != "grpo" and diffs:
                 xs = sorted(diffs)
-                top.plot(xs, [100 * statistics.fmean(diffs[x]) for x in xs], color=colours[name], label=name)
+                top.plot(xs, [100 * statistics.fmean(diffs[x]) for x in xs], style, color=colours[name], label=label)
             curve = mean_fresh_curve([(r[name], r["trunk"]["fork_step"], batch_questions(r["trunk"])) for r in runs],
                                      kind)
             if curve:
-                bottom.plot([x for x, _ in curve], [y for _, y in curve], color=colours[name], label=name)
+                bottom.plot([x for x, _ in curve], [y for _, y in curve], style, color=colours[name], label=label)
         top.axhline(0, color="grey", lw=0.8)
         top.set_title(f"{kind.upper()}: future − GRPO, per training step (points)", fontsize=9)
         top.set_xlabel("steps after the fork")

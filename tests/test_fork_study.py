@@ -9,6 +9,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -239,3 +241,37 @@ def test_the_per_fresh_question_curve_averages_every_seed_at_each_point_it_draws
     assert math.isclose(curve[20.0], (0.3 + 0.5) / 2)  # A half-way between 0 and 40, B at its validation
     assert math.isclose(curve[60.0], (0.5 + 0.9) / 2)  # A half-way between 40 and 80
     assert fs.mean_fresh_curve([], "id") == []
+
+
+def test_seed_labels_name_a_run_of_seeds_as_a_range_and_others_one_by_one():
+    assert fs.seeds_label([4, 2, 3]) == "seeds 2-4"
+    assert fs.seeds_label([0, 1]) == "seeds 0, 1"
+    assert fs.seeds_label([0, 2, 3]) == "seeds 0, 2, 3"
+    assert fs.seeds_label([3]) == "seed 3"
+
+
+def test_the_plot_draws_the_ablations_partners_again_on_the_ablations_seeds(tmp_path, monkeypatch):
+    monkeypatch.setattr(fs, "RESULTS", tmp_path)
+    ablated = (1, 2)
+    for seed in range(3):
+        trunk = _result("hard", "trunk", seed, f"t{seed}", {}, 7, {1: {"exgrpo/fresh_questions": 8.0}})
+        (tmp_path / f"hard__trunk__seed{seed}.json").write_text(json.dumps(trunk))
+        for name, gain in (("grpo", 0.0), ("exgrpo", 0.1 * (seed + 1)), ("exgrpo_no_shaping", 0.05)):
+            if name == "exgrpo_no_shaping" and seed not in ablated:
+                continue
+            val = {7 + o: (0.2 + gain * o / 15, 0.3) for o in (0, 5, 10, 15)}
+            steps = {7 + o: {"exgrpo/fresh_questions": 4.0} if name != "grpo" else {} for o in range(1, 16)}
+            (tmp_path / f"hard__{name}__seed{seed}.json").write_text(
+                json.dumps(_result("hard", name, seed, f"t{seed}", val, 7, steps)))
+    figures = []
+    monkeypatch.setattr(fs.rs, "save_figure", lambda fig, path: figures.append(fig))
+    fs.plot("hard", fs.load("hard"), tmp_path / "p.png")
+    top, bottom = figures[0].axes[0], figures[0].axes[2]
+    drawn = {(line.get_label(), line.get_linestyle()): line for line in top.get_lines() if line.get_label()[0] != "_"}
+    assert set(drawn) == {("exgrpo (seeds 0-2)", "-"), ("exgrpo_no_shaping (seeds 1, 2)", "-"),
+                          ("exgrpo (seeds 1, 2)", "--")}
+    # ExGRPO − GRPO at +15, in points: 10, 20, 30 by seed; the dashed partner averages seeds 1 and 2 only
+    assert drawn[("exgrpo (seeds 0-2)", "-")].get_ydata()[-1] == pytest.approx(20.0)
+    assert drawn[("exgrpo (seeds 1, 2)", "--")].get_ydata()[-1] == pytest.approx(25.0)
+    assert {(line.get_label(), line.get_linestyle()) for line in bottom.get_lines()} == {
+        *drawn, ("grpo (seeds 0-2)", "-"), ("grpo (seeds 1, 2)", "--")}
