@@ -194,3 +194,17 @@ def test_the_check_refuses_exactly_what_hydra_refuses_and_names_the_argument():
             stopped = f"{first} (a)"
         assert message.startswith(stopped) and "\n" not in message, (first, second, message)
     assert 10 < refused < 40  # of 49: both sides seen
+
+
+@pytest.mark.parametrize("switch, field, value", [("exgrpo.shaping=false", "shaping", False),
+                                                  ("exgrpo.select=random", "select", "random"),
+                                                  ("exgrpo.sigma=1000.0", "sigma", 1000.0)])
+def test_an_ablations_switch_on_the_exgrpo_section_reaches_the_config_the_actor_workers_build_their_loss_from(
+        switch, field, value):
+    """The paper's ablations are switched on the top-level section; the actor workers receive only
+    actor_rollout_ref, and read the section there (``worker_exgrpo_config``)."""
+    from recipe.exgrpo.worker import worker_exgrpo_config
+
+    default = getattr(worker_exgrpo_config(compose_config([]).actor_rollout_ref), field)
+    assert default != value
+    assert getattr(worker_exgrpo_config(compose_config([switch]).actor_rollout_ref), field) == value
