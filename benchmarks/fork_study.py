@@ -135,12 +135,13 @@ class SeedPlan:
         path = self.result(run)
         return path.exists() and json.loads(path.read_text()).get("trunk_id") == trunk_id
 
-    def trunk_dir(self, work: Path) -> Path:
-        return work / "runs" / f"{self.regime}__trunk__seed{self.seed}"
+    def run_dir(self, work: Path, run: str) -> Path:
+        """The run's verl folder (checkpoints, metrics, log), named as its result file."""
+        return work / "runs" / self.result(run).stem
 
     def fork_checkpoint(self, work: Path, trunk: dict[str, Any]) -> Path:
         """Where the futures start from; it lives only in ``work`` on the machine that ran the trunk."""
-        return self.trunk_dir(work) / f"global_step_{trunk['fork_step']}"
+        return self.run_dir(work, "trunk") / f"global_step_{trunk['fork_step']}"
 
     @property
     def name(self) -> str:
@@ -214,7 +215,7 @@ def _seed_overrides(item: SeedPlan) -> list[str]:
 
 
 def run_trunk(item: SeedPlan, work: Path, env_extra: dict[str, str]) -> dict[str, Any]:
-    folder = item.trunk_dir(work)
+    folder = item.run_dir(work, "trunk")
     shutil.rmtree(folder, ignore_errors=True)  # a trunk is one history: never resumed into another
     folder.mkdir(parents=True)
     overrides = [*_seed_overrides(item), f"trainer.total_training_steps={FORK_BY}", "trainer.save_freq=1",
@@ -248,7 +249,7 @@ def run_future(item: SeedPlan, name: str, trunk: dict[str, Any], work: Path, env
                ) -> dict[str, Any]:
     fork = trunk["fork_step"]
     source = item.fork_checkpoint(work, trunk)
-    folder = work / "runs" / f"{item.regime}__{name}__seed{item.seed}"
+    folder = item.run_dir(work, name)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     # the fork's checkpoint, hard-linked: a resumed run writes new step folders and never changes this one
@@ -342,7 +343,7 @@ def run_seed(item: SeedPlan, work: Path, model: Path, deadline: dt.datetime | No
             continue
         if deadline and dt.datetime.now() >= deadline:
             print(f"[fork] {item.name}: past {deadline:%H:%M}, {name} not started; the trunk's checkpoint stays in "
-                  f"{item.trunk_dir(work)}", flush=True)
+                  f"{item.run_dir(work, 'trunk')}", flush=True)
             return False
         for attempt in (1, 2):  # a future always starts from the fork's checkpoint: a killed one can start over
             try:
@@ -354,7 +355,8 @@ def run_seed(item: SeedPlan, work: Path, model: Path, deadline: dt.datetime | No
                 print(f"{failure}\n[fork] {item.name}: {name} starts over from the fork", flush=True)
         write(item.result(name), result)
         print(f"[fork] {item.name}: {name} done in {result['wall_s']:.0f} s", flush=True)
-    shutil.rmtree(item.trunk_dir(work), ignore_errors=True)  # every future of this trunk is written: its weights can go
+    # every future of this trunk is written: its weights can go
+    shutil.rmtree(item.run_dir(work, "trunk"), ignore_errors=True)
     return True
 
 
