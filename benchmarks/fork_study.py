@@ -478,6 +478,13 @@ def post_fork_level(result: dict[str, Any], fork: int, key: str) -> float | None
     return statistics.fmean(values) if values else None
 
 
+def paired_seeds(seeds: dict[int, dict[str, dict[str, Any]]], name: str, partner: str = "grpo"
+                 ) -> dict[int, dict[str, dict[str, Any]]]:
+    """The seeds whose trunk has both ``name`` and ``partner``: the seeds every paired table and curve averages, so
+    the plot draws the tables' seeds."""
+    return {s: r for s, r in sorted(seeds.items()) if name in r and partner in r and "trunk" in r}
+
+
 def _cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
     return rs.fmt(*rs.mean_interval(values), scale=scale, digits=digits) if values else "n/a"
 
@@ -521,7 +528,7 @@ def report(plots: Path | None) -> str:
             lines.append(f"| {_label(name)} | {len(paired)} | " + " | ".join(cells) + " |")
         lines.append("")
         # per fresh question: ExGRPO draws fewer fresh questions a step, so compare at equal consumption
-        with_exgrpo = [r for r in seeds.values() if "exgrpo" in r and "grpo" in r and "trunk" in r]
+        with_exgrpo = list(paired_seeds(seeds, "exgrpo").values())
         if with_exgrpo:
             target = min(fresh_consumed(r["exgrpo"], r["trunk"]["fork_step"], batch_questions(r["trunk"]))
                          [r["trunk"]["fork_step"] + FUTURE_STEPS] for r in with_exgrpo)
@@ -530,7 +537,7 @@ def report(plots: Path | None) -> str:
                       "batch a step, gets there in fewer steps), and the difference to GRPO at that point.", "",
                       "| future | n | ID | ID − GRPO | OOD | OOD − GRPO |", "|---|---:|---:|---:|---:|---:|"]
             for name in ("grpo", *names):
-                runs = [r for r in seeds.values() if name in r and "grpo" in r and "trunk" in r]
+                runs = list(paired_seeds(seeds, name).values())
                 cells = []
                 for kind in ("id", "ood"):
                     at = [(seed_at_fresh(r, name, target, kind), seed_at_fresh(r, "grpo", target, kind)) for r in runs]
@@ -550,7 +557,7 @@ def report(plots: Path | None) -> str:
                           "| ExGRPO − ablation | n | ID per step | ID per fresh question | OOD per step "
                           "| OOD per fresh question |", "|---|---:|---:|---:|---:|---:|"]
                 for name in ablations:
-                    runs = [r for r in seeds.values() if name in r and "exgrpo" in r and "trunk" in r]
+                    runs = list(paired_seeds(seeds, name, "exgrpo").values())
                     cells = []
                     for kind in ("id", "ood"):
                         cells.append(_cell([g for r in runs if (g := post_fork_mean(r["exgrpo"], r[name],
@@ -574,7 +581,7 @@ def report(plots: Path | None) -> str:
                   "", "| future − GRPO | n | " + " | ".join(label for _, label, _, _ in STABILITY) + " |",
                   "|---|---:|" + "---:|" * len(STABILITY)]
         for name in names:
-            runs = [r for r in seeds.values() if name in r and "grpo" in r and "trunk" in r]
+            runs = list(paired_seeds(seeds, name).values())
             cells = []
             for key, _, scale, digits in STABILITY:
                 pairs = [(post_fork_level(r[name], r["trunk"]["fork_step"], key),
@@ -610,8 +617,7 @@ def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -
     fig, axes = plt.subplots(2, 2, figsize=(9, 6.4))
     names = [n for n in (*MAIN_FUTURES, *ABLATIONS) if any(n in r for r in seeds.values())]
     colours = dict(zip(names, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
-    curves = [(name, [s for s, r in sorted(seeds.items()) if name in r and "grpo" in r and "trunk" in r], "-")
-              for name in names]  # the tables' seeds
+    curves = [(name, list(paired_seeds(seeds, name)), "-") for name in names]
     ablation_seeds = sorted({s for name, ss, _ in curves if name in ABLATIONS for s in ss})
     for base in ("exgrpo", "grpo"):  # the ablations' partners in the report, on the ablations' seeds
         base_seeds = next((ss for name, ss, _ in curves if name == base), [])
