@@ -49,3 +49,10 @@ def test_n_replay_rounds_half_up_and_is_capped_by_pool(rho, batch, pool, expecte
 def test_per_question_cap_defaults_to_k():
     assert ExGRPOConfig(n_rollouts=4).per_question_cap == 4
     assert ExGRPOConfig(n_rollouts=4, max_per_question=2).per_question_cap == 2
+    assert ExGRPOConfig(n_rollouts=4, max_per_question="all").per_question_cap is None  # every distinct success
+
+
+@pytest.mark.parametrize("value", ["All", "every", 1.5, True, -1])
+def test_max_per_question_names_its_three_forms(value):
+    with pytest.raises(ValueError, match=r"ExGRPOConfig\.max_per_question=.*None \(K\) or 'all'"):
+        ExGRPOConfig(max_per_question=value)

@@ -336,3 +336,24 @@ def test_debug_flag_or_environment_shows_the_traceback_of_a_bad_file(tmp_path, m
     with pytest.raises(FileNotFoundError, match="does not exist"):
         main([str(missing)])
     assert capsys.readouterr().err == ""
+
+
+def test_replayed_questions_show_on_the_grid_with_their_exact_accuracy_and_concentration(tmp_path, capsys):
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4, start_acc=0.0), seed=0)
+    pool.observe_step_accuracy(1.0)
+    pool.update("full", [1.0, 1.0, 0.0, 0.0], [[1], [2], [3], [4]], [[-0.5]] * 4, 1)
+    pool.update("replayed", [1.0, 0.0, 0.0], [[5], [6], [7]], [[-0.5]] * 3, 1)  # 1 of K - 1 = 3: 0.333 -> 1/4
+    first, second = pool.sample(2), pool.sample(1)
+    path = tmp_path / "exgrpo_pool.npz"
+    pool.save(path)
+    report = inspect(path)
+    assert [(b["bucket"], b["questions"]) for b in report["buckets"]] == [(0.25, 1), (0.5, 1)]
+    assert report["accuracy_off_level"] == 1  # "replayed": accuracy 1/3 on the 1/4 level
+    assert report["recent_draw_steps"] == 2
+    top = Counter([*first, *second]).most_common(1)[0]
+    assert report["replay_concentration"]["pool/replay_top_share"] == pytest.approx(top[1] / 3)
+    assert report["most_drawn_recently"][0] == {"qid": top[0], "draws": top[1]}
+    assert main([str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "replay concentration over the last 2 replaying steps" in printed
+    assert "1 questions sit on the level nearest their exact accuracy" in printed

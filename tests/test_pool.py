@@ -1,15 +1,16 @@
 import tracemalloc
 from collections import Counter
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from exgrpo.algorithm.config import ExGRPOConfig
-from exgrpo.algorithm.pool import ExperiencePool
+from exgrpo.algorithm.pool import REPLAY_WINDOW_STEPS, ExperiencePool, accuracy_level
 from exgrpo.algorithm.sampling import bucket_probabilities
 
 K = 8
@@ -59,6 +60,123 @@ def test_replayed_question_accuracy_counts_only_its_k_minus_1_fresh_rollouts():
     pool.update("q", *group([1, 0, 0, 0, 0, 0, 0]), step=1)  # K - 1 = 7 fresh rollouts, one correct
     assert pool.accuracy("q") == pytest.approx(1 / 7)
     assert pool.update("q", *group([1] * 7), step=2) == "retired"  # 7/7 fresh retires; the replay is not counted
+
+
+def test_replayed_question_sits_on_the_grid_of_full_groups():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K))
+    pool.update("full", *group([1, 1, 1, 0, 0, 0, 0, 0]), step=1)
+    pool.update("replayed", *group([1, 1, 1, 0, 0, 0, 0]), step=1)  # 3 of K - 1 = 7 fresh: 0.4286 -> 3/8
+    assert pool.bucket_of("replayed") == pool.bucket_of("full") == 0.375
+    assert pool.accuracy("replayed") == pytest.approx(3 / 7)  # the exact accuracy stays beside the bucket
+    assert pool.bucket_counts() == {0.375: 2}
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "levels", "expected"),
+    [(3, 7, 8, 3 / 8), (4, 7, 8, 5 / 8), (1, 7, 8, 1 / 8), (6, 7, 8, 7 / 8), (1, 16, 8, 1 / 8), (15, 16, 8, 7 / 8),
+     (1, 2, 8, 4 / 8), (0, 7, 8, 0.0), (7, 7, 8, 1.0), (1, 3, 4, 1 / 4), (2, 3, 4, 3 / 4), (3, 5, 8, 5 / 8)],
+)
+def test_accuracy_level_by_hand(k, n, levels, expected):
+    # 4/7 = 0.571 -> 4.57/8 -> 5/8; 1/16 = 0.5/8, a tie, goes up to 1/8; 3/5 = 4.8/8 -> 5/8
+    assert accuracy_level(k, n, levels) == expected
+
+
+@settings(deadline=None, max_examples=200)
+@given(k=st.integers(0, 40), extra=st.integers(0, 40), levels=st.integers(2, 16))
+def test_accuracy_level_matches_exact_fraction_reference(k, extra, levels):
+    n = max(k + extra, 1)
+    assert accuracy_level(k, n, levels) == pytest.approx(nearest_level(k, n, levels), abs=1e-9)
+
+
+@pytest.mark.parametrize(("k", "n", "levels"), [(1, 0, 8), (-1, 4, 8), (5, 4, 8), (1, 2, 1)])
+def test_accuracy_level_refuses_impossible_groups(k, n, levels):
+    with pytest.raises(ValueError, match="accuracy_level needs"):
+        accuracy_level(k, n, levels)
+
+
+@settings(deadline=None, max_examples=60)
+@given(groups=st.lists(st.tuples(st.integers(1, 8), st.integers(0, 16)), min_size=1, max_size=30))
+def test_any_mix_of_group_sizes_keys_buckets_on_the_grid_and_bucket_mates_share_a_draw_chance(groups):
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K))
+    for i, (k, extra) in enumerate(groups):
+        n = k + max(extra, 1)  # partly solved: 1 <= k < n, any group size from 2 to 24
+        pool.update(f"q{i}", *group([1] * k + [0] * (n - k), base=100 * i), step=i)
+    grid = {j / K for j in range(K + 1)}
+    assert set(pool.bucket_counts()) <= grid
+    by_level: dict[float, set[str]] = {}
+    for i, (k, extra) in enumerate(groups):
+        by_level.setdefault(nearest_level(k, k + max(extra, 1), K), set()).add(f"q{i}")
+    # one bucket per level: a question's chance is its bucket's weight over the bucket's size, so questions on
+    # one level, whatever their group size, are drawn equally often
+    assert {key: set(pool._buckets[key].members) for key in pool._buckets} == by_level
+
+
+def test_reviewer_scenario_ten_replayed_questions_get_only_their_share_of_draws():
+    """100 questions of full groups at each of 1/8 .. 7/8 and 10 replayed ones at 3/7: before the one grid those
+    10 (1.4 % of the pool) took about a quarter of all draws from a bucket of their own."""
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K), seed=0)
+    for level in range(1, K):
+        for i in range(100):
+            pool.update(f"l{level}-{i}", *group([1] * level + [0] * (K - level), base=1000 * level + i), step=1)
+    for i in range(10):
+        pool.update(f"r{i}", *group([1, 1, 1, 0, 0, 0, 0], base=9000 + i), step=1)
+    counts = pool.bucket_counts()
+    assert len(counts) == 7 and counts[0.375] == 110
+    keys = sorted(counts)
+    p_bucket = dict(zip(keys, bucket_probabilities(keys), strict=True))[0.375]
+    expected = p_bucket * 10 / 110  # the 10's chance per single draw
+    draws = 20000
+    hits = sum(pool.sample(1)[0].startswith("r") for _ in range(draws))
+    sd = (expected * (1 - expected) / draws) ** 0.5
+    assert abs(hits / draws - expected) < 5 * sd  # about 2.6 % of draws, not 25 %
+
+
+def test_replay_concentration_by_hand():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4), seed=0)
+    assert pool.replay_concentration() == {"pool/replay_top_share": 0.0, "pool/replay_repeat_share": 0.0}
+    for q in "abc":
+        pool.update(q, *group([1, 0, 0, 0], base=ord(q)), step=1)
+    first = pool.sample(2)
+    assert pool.replay_concentration() == {"pool/replay_top_share": 0.5, "pool/replay_repeat_share": 0.0}
+    second = pool.sample(2)
+    window = Counter(first + second)
+    repeat = sum(q in first for q in second) / 2  # two of three questions twice: at least one repeat
+    assert pool.replay_concentration() == {"pool/replay_top_share": max(window.values()) / 4,
+                                           "pool/replay_repeat_share": repeat}
+    assert pool.sample(0) == [] and pool.recent_draws() == [tuple(first), tuple(second)]  # no draw, no step
+    for _ in range(REPLAY_WINDOW_STEPS):
+        pool.sample(3)  # every question every step
+    assert pool.replay_concentration() == {"pool/replay_top_share": 1 / 3, "pool/replay_repeat_share": 1.0}
+    assert len(pool.recent_draws()) == REPLAY_WINDOW_STEPS
+
+
+def test_recent_draws_survive_a_state_round_trip_and_old_files_load_without_them():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=4), seed=3)
+    for q in "abcd":
+        pool.update(q, *group([1, 1, 0, 0], base=ord(q)), step=1)
+    pool.sample(2), pool.sample(3)
+    clone = ExperiencePool(pool.config)
+    clone.load_state_dict(pool.state_dict())
+    assert clone.recent_draws() == pool.recent_draws() and clone.stats() == pool.stats()
+    old = pool.state_dict()
+    del old["recent_draws"]
+    fresh = ExperiencePool(pool.config)
+    fresh.load_state_dict(old)
+    assert fresh.recent_draws() == [] and fresh.replay_concentration()["pool/replay_top_share"] == 0.0
+
+
+def test_a_file_written_before_the_grid_loads_its_replayed_buckets_onto_the_grid():
+    pool = ExperiencePool(ExGRPOConfig(n_rollouts=K))
+    pool.update("a", *group([1, 1, 1, 0, 0, 0, 0, 0]), step=1)
+    pool.update("b", *group([1, 1, 1, 1, 0, 0, 0, 0], base=10), step=1)
+    state = pool.state_dict()
+    buckets = np.asarray(state["bucket"], dtype=float).copy()
+    buckets[0], buckets[1] = 3 / 7, 6 / 7  # as the old code keyed two replayed questions
+    state["bucket"] = buckets
+    old = ExperiencePool(pool.config)
+    old.load_state_dict(state)
+    assert old.bucket_of("a") == 0.375 and old.bucket_of("b") == 0.875
+    assert old.bucket_counts() == {0.375: 1, 0.875: 1}
 
 
 def test_duplicates_dropped_and_newest_kept_per_question():
@@ -369,13 +487,15 @@ QIDS = [f"q{i}" for i in range(12)]
 
 
 class PoolMachine(RuleBasedStateMachine):
-    @initialize(cap=st.integers(1, 4), token_cap=st.one_of(st.none(), st.integers(5, 60)), seed=st.integers(0, 99))
+    @initialize(cap=st.one_of(st.integers(1, 4), st.just("all")), token_cap=st.one_of(st.none(), st.integers(5, 60)),
+                seed=st.integers(0, 99))
     def setup(self, cap, token_cap, seed):
         self.config = ExGRPOConfig(n_rollouts=4, max_per_question=cap, max_stored_tokens=token_cap)
         self.pool = ExperiencePool(self.config, seed=seed)
         self.model: dict[str, list[tuple[int, ...]]] = {}  # held question -> stored token tuples, oldest first
         self.recency: list[str] = []
         self.retired: set[str] = set()
+        self.level: dict[str, float] = {}  # held question -> the grid level the reference puts it on
         self.step = 0
 
     @rule(
@@ -406,13 +526,16 @@ class PoolMachine(RuleBasedStateMachine):
             assert outcome == "unsolved"
             if qid in self.model:
                 self.recency = [q for q in self.recency if q != qid] + [qid]
+                self.level[qid] = 0.0
             return
         assert outcome == "stored"
         stored = self.model.setdefault(qid, [])
         for reward, resp in zip(rewards, responses, strict=True):
             if reward == 1 and tuple(resp) not in stored:
                 stored.append(tuple(resp))
-        del stored[: max(0, len(stored) - self.config.per_question_cap)]
+        if self.config.per_question_cap is not None:
+            del stored[: max(0, len(stored) - self.config.per_question_cap)]
+        self.level[qid] = nearest_level(k, n, self.config.n_rollouts)
         self.recency = [q for q in self.recency if q != qid] + [qid]
         cap = self.config.max_stored_tokens
         while cap is not None and self.recency and sum(len(t) for q in self.model for t in self.model[q]) > cap:
@@ -443,7 +566,7 @@ class PoolMachine(RuleBasedStateMachine):
         for qid, expected in self.model.items():
             got = [tuple(t.token_ids.tolist()) for t in pool.candidates(qid)]
             assert got == expected and len(set(got)) == len(got)
-            assert 1 <= len(got) <= self.config.per_question_cap
+            assert 1 <= len(got) <= (self.config.per_question_cap or 4 * self.step)
         for qid in self.retired:
             assert pool.is_retired(qid) and qid not in pool
 
@@ -456,11 +579,23 @@ class PoolMachine(RuleBasedStateMachine):
             assert len(bucket) > 0
             for i, q in enumerate(bucket.members):
                 assert bucket.position[q] == i and pool.bucket_of(q) == key
+        grid = {j / self.config.n_rollouts for j in range(self.config.n_rollouts + 1)}
+        assert set(pool._buckets) <= grid  # replay groups (3 fresh of K = 4) too
+        for qid in self.model:
+            assert pool.bucket_of(qid) == self.level[qid]
         stats = pool.stats()
         assert stats["pool/trajectories"] == sum(len(v) for v in self.model.values())
         assert stats["pool/tokens"] == sum(len(t) for v in self.model.values() for t in v)
         if self.config.max_stored_tokens is not None:
             assert stats["pool/tokens"] <= self.config.max_stored_tokens
+
+
+def nearest_level(k: int, n: int, levels: int) -> float:
+    """Reference for the grid, by exact fractions: the nearest of 0, 1/levels, ..., 1 to k / n (ties up), a partly
+    solved group kept off 0 and 1."""
+    candidates = range(1, levels) if 0 < k < n else range(levels + 1)
+    best = min(candidates, key=lambda j: (abs(Fraction(j, levels) - Fraction(k, n)), -j))
+    return best / levels
 
 
 PoolMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)

@@ -11,7 +11,7 @@ from exgrpo.algorithm.collection import OUTCOMES, FreshGroup, collect_step
 from exgrpo.algorithm.composition import FreshStream, StepPlan, plan_step
 from exgrpo.algorithm.config import ExGRPOConfig
 from exgrpo.algorithm.pool import ExperiencePool
-from exgrpo.algorithm.selection import choose_members
+from exgrpo.algorithm.selection import choose_members, share_chosen_beyond_newest
 
 K = 4
 
@@ -74,6 +74,18 @@ def test_each_question_gets_its_lowest_entropy_member_from_one_batched_scoring_c
     assert [m.trajectory.token_ids.tolist() for m in chosen[:3]] == [[3, 4], [7, 8], [9, 1]]
     assert [(m.entropy, m.n_candidates) for m in chosen[:3]] == [(0.2, 3), (None, 1), (0.4, 2)]
     assert chosen[3] is None  # no longer in the pool: its group keeps K - 1 fresh members
+    assert [m.position for m in chosen[:3]] == [1, 0, 0]
+
+
+def test_chosen_beyond_newest_marks_picks_a_cap_of_k_would_have_lost():
+    config = ExGRPOConfig(n_rollouts=2, max_per_question="all")
+    pool = pool_with(config, {"a": [[1], [2], [3], [4]], "b": [[5], [6], [7]], "c": [[8]]})
+    # a: the oldest of 4 wins (a cap of 2 keeps [3], [4]); b: the newest of 3 wins; c: its only one
+    chosen = choose_members(pool, ["a", "b", "c"], "entropy", lambda c: [0.1, 0.5, 0.5, 0.5, 0.9, 0.9, 0.2][: len(c)])
+    assert [len(pool.candidates(q)) for q in "abc"] == [4, 3, 1]
+    assert [(m.position, m.beyond_newest(2)) for m in chosen] == [(0, True), (2, False), (0, False)]
+    assert share_chosen_beyond_newest(chosen, 2) == pytest.approx(1 / 3)
+    assert share_chosen_beyond_newest(chosen, 4) == 0.0 and share_chosen_beyond_newest([], 2) == 0.0
 
 
 def test_a_single_candidate_is_scored_when_its_entropy_is_wanted():

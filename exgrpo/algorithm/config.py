@@ -62,9 +62,10 @@ class ExGRPOConfig:
         metadata={"help": "Use f(w) = w / (w + beta) on replayed tokens. False replays with the plain "
                   "importance ratio w (ablation)."},
     )
-    max_per_question: int | None = field(
+    max_per_question: int | str | None = field(
         default=None,
-        metadata={"help": "Most trajectories kept per question (newest kept); None means K; >= 1."},
+        metadata={"help": "Most trajectories kept per question (newest kept); None means K; >= 1; 'all' keeps "
+                  "every distinct success (the authors' pool), bounded only by max_stored_tokens."},
     )
     max_stored_tokens: int | None = field(
         default=None,
@@ -155,9 +156,11 @@ class ExGRPOConfig:
             fail("n_rollouts", "K must be >= 2 (GRPO needs a group)")
         if integer("retire_after") < 1:
             fail("retire_after", "must be >= 1 (1 = the paper: one all-correct group retires a question)")
-        for name in ("max_per_question", "max_stored_tokens"):
-            if getattr(self, name) is not None and integer(name) < 1:
-                fail(name, "must be >= 1 or None")
+        cap = self.max_per_question
+        if cap is not None and cap != "all" and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            fail("max_per_question", "must be an integer >= 1, None (K) or 'all'")
+        if self.max_stored_tokens is not None and integer("max_stored_tokens") < 1:
+            fail("max_stored_tokens", "must be >= 1 or None")
         if self.select not in SELECT_MODES:
             fail("select", f"must be one of {SELECT_MODES}")
         if self.reward_type not in REWARD_TYPES:
@@ -170,8 +173,11 @@ class ExGRPOConfig:
             fail("entropy_agg", f"must be one of {ENTROPY_AGG_MODES}")
 
     @property
-    def per_question_cap(self) -> int:
-        """Trajectories kept per question: K unless set, since a group never has more than K successes."""
+    def per_question_cap(self) -> int | None:
+        """Trajectories kept per question: K unless set, since a group never has more than K successes; None
+        ('all') keeps every distinct success, so the lowest-entropy choice ranges over all a question ever had."""
+        if self.max_per_question == "all":
+            return None
         return self.n_rollouts if self.max_per_question is None else self.max_per_question
 
     def n_replay(self, batch_size: int, pool_size: int) -> int:

@@ -2,10 +2,15 @@
 
 After each step, every question's *fresh* rollouts are summarised by their accuracy. Partly solved questions
 keep their correct trajectories (token ids exactly as generated and the behaviour policy's per-token
-log-probs), fully solved ones retire for good (after ``retire_after`` fully solved groups in a row), and every held question sits in the bucket of its latest
-accuracy (continuous rewards: of its latest group's reward spread), from which :func:`exgrpo.algorithm.sampling` draws
-replay questions; each stored success keeps the reward its group gave it. Memory is bounded per question and,
-optionally, globally (least recently updated questions go first).
+log-probs), fully solved ones retire for good (after ``retire_after`` fully solved groups in a row), and every held
+question sits in the bucket of its latest accuracy (continuous rewards: of its latest group's reward spread), from
+which :func:`exgrpo.algorithm.sampling` draws replay questions; each stored success keeps the reward its group gave it.
+Memory is bounded per question and, optionally, globally (least recently updated questions go first).
+
+Buckets lie on one grid of K + 1 accuracy levels (0, 1/K, ..., 1), whatever the size of the group that brought a
+question: a replayed question's K - 1 fresh rollouts give k / (K - 1), which goes to the nearest level. The Gaussian
+weights buckets, not questions, so a bucket per group size would draw its few members far more often than their
+accuracy deserves (:func:`accuracy_level`). The exact accuracy is kept beside the bucket for metrics.
 
 Every operation costs O(work it is given), never O(pool size): questions live in an ordered dict (recency
 order for eviction), each bucket is a list with an index for O(1) removal, and the running totals the
@@ -19,7 +24,7 @@ import json
 import logging
 import os
 import tempfile
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +41,23 @@ STATE_VERSION = 1
 _INT32 = np.dtype("<i4")
 _FLOAT32 = np.dtype("<f4")
 _INT32_MAX = int(np.iinfo(np.int32).max)
+# Replay concentration is read over the draws of this many most recent replaying steps (pool/replay_top_share).
+REPLAY_WINDOW_STEPS = 10
+
+
+def accuracy_level(k: int, n: int, levels: int) -> float:
+    """The grid level (0, 1/levels, ..., 1) nearest to accuracy ``k / n``: the bucket key of a binary-reward group.
+
+    A group of ``n != levels`` rollouts (a replayed question's K - 1 fresh ones, or a group that lost a rollout)
+    lands on the same grid as a full one: 3/7 -> 3/8 at K = 8. Ties go to the higher level. A partly solved group
+    never rounds to 0 or 1 (possible only for ``n > levels``): those levels mean "none" and "all" solved.
+    """
+    if n < 1 or not 0 <= k <= n or levels < 2:
+        raise ValueError(f"accuracy_level needs 0 <= k <= n, n >= 1, levels >= 2; got k={k}, n={n}, levels={levels}")
+    level = (2 * k * levels + n) // (2 * n)  # floor(k * levels / n + 1/2) in integers: no float ties
+    if 0 < k < n:
+        level = min(max(level, 1), levels - 1)
+    return round(level / levels, 9)
 
 
 def _group_size(qid: str, rewards: Sequence[float], responses: Sequence, log_probs: Sequence) -> int:
@@ -155,6 +177,8 @@ class ExperiencePool:
         # qid -> consecutive all-correct groups so far, for retire_after > 1 (absent = 0)
         self._solved_streak: dict[str, int] = {}
         self.active = False
+        # the questions each of the latest replaying steps drew, oldest first (replay concentration metrics)
+        self._recent_draws: deque[tuple[str, ...]] = deque(maxlen=REPLAY_WINDOW_STEPS)
         self._trajectories = 0
         self._tokens = 0
         self.counters = {"evicted_questions": 0, "evicted_trajectories": 0, "dropped_duplicates": 0,
@@ -216,7 +240,8 @@ class ExperiencePool:
             k = int(successes.sum())
             if k == n and self._count_solved(qid):
                 return self._retire(qid)
-            bucket = accuracy = k / n
+            accuracy = k / n
+            bucket = accuracy_level(k, n, self.config.n_rollouts)
         else:
             lo, hi = self.config.reward_min, self.config.reward_max
             spread = float(np.std(scores)) / ((hi - lo) / 2.0)
@@ -239,7 +264,7 @@ class ExperiencePool:
                 accuracy = float(np.mean(scores))
                 levels = self.config.n_rollouts
                 bucket = round(min(spread, 1.0) * levels) / levels
-        bucket = round(bucket, 9)  # a stable dict key for k / n
+        bucket = round(bucket, 9)  # a stable dict key
         solved = k == n
         if not solved:
             self._solved_streak.pop(qid, None)  # the streak counts consecutive all-correct groups only
@@ -357,7 +382,7 @@ class ExperiencePool:
             self._trajectories += 1
             self._tokens += item.length
         cap = self.config.per_question_cap
-        while len(held.trajectories) > cap:  # keep the newest
+        while cap is not None and len(held.trajectories) > cap:  # keep the newest
             old = held.trajectories.pop(0)
             held.tokens -= old.length
             self._trajectories -= 1
@@ -471,6 +496,8 @@ class ExperiencePool:
             if count:
                 members = self._buckets[key].members
                 drawn.extend(draw_without_replacement(self._rng, members, count, excluded_by_bucket.get(key, set())))
+        if drawn:
+            self._recent_draws.append(tuple(drawn))
         return drawn
 
     def candidates(self, qid: str) -> list[Trajectory]:
@@ -518,10 +545,32 @@ class ExperiencePool:
             "pool/active": float(self.active),
         }
         out.update({f"pool/{name}": value for name, value in self.counters.items()})
+        out.update(self.replay_concentration())
         prefix = bucket_metric_prefix(self.config.reward_type)
         for key, count in self.bucket_counts().items():
             out[f"{prefix}{key:.3f}"] = count
         return out
+
+    def replay_concentration(self) -> dict[str, float]:
+        """How concentrated replay is on a few questions, over the last ``REPLAY_WINDOW_STEPS`` replaying steps.
+
+        ``pool/replay_top_share``: the largest share of one question among the window's draws (a question is drawn
+        at most once a step, so with n_r draws a step it is at least 1 / (steps x n_r) and at most 1 / n_r);
+        ``pool/replay_repeat_share``: the share of the latest step's draws that the step before also drew. Both are
+        0 until there is something to compare.
+        """
+        draws = [qid for step in self._recent_draws for qid in step]
+        top = max(Counter(draws).values()) / len(draws) if draws else 0.0
+        repeat = 0.0
+        if len(self._recent_draws) >= 2:
+            before = set(self._recent_draws[-2])
+            latest = self._recent_draws[-1]
+            repeat = sum(qid in before for qid in latest) / len(latest)
+        return {"pool/replay_top_share": float(top), "pool/replay_repeat_share": float(repeat)}
+
+    def recent_draws(self) -> list[tuple[str, ...]]:
+        """The questions each of the last ``REPLAY_WINDOW_STEPS`` replaying steps drew, oldest step first."""
+        return list(self._recent_draws)
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -555,6 +604,7 @@ class ExperiencePool:
             "retired": sorted(self._retired),
             "solved_streak": json.dumps(dict(sorted(self._solved_streak.items()))),
             "active": self.active,
+            "recent_draws": json.dumps([list(step) for step in self._recent_draws]),
             "counters": dict(self.counters),
             "rng": json.dumps(self._rng.bit_generator.state),
         }
@@ -595,6 +645,8 @@ class ExperiencePool:
             # absent in files written before retire_after existed, when every streak was 0
             streak = {str(q): int(v) for q, v in json.loads(str(state.get("solved_streak", "{}"))).items()}
             active = bool(state["active"])
+            # absent in files written before the concentration metrics: no draws remembered
+            recent = [tuple(str(q) for q in step) for step in json.loads(str(state.get("recent_draws", "[]")))]
             counters = {k: int(v) for k, v in dict(state["counters"]).items()}
         except KeyError as err:
             raise ValueError(f"pool state is missing the field {err.args[0]!r}") from err
@@ -606,7 +658,7 @@ class ExperiencePool:
         t = 0
         placed: dict[float, list[tuple[int, str]]] = {}
         for i, qid in enumerate(qids):
-            bucket = round(float(per_q["bucket"][i]), 9)
+            bucket = self._on_grid(float(per_q["bucket"][i]))
             held = _Question(bucket, float(per_q["accuracy"][i]), int(per_q["question_step"][i]))
             for _ in range(int(per_q["n_trajectories"][i])):
                 a, b = int(offsets[t]), int(offsets[t + 1])
@@ -628,10 +680,22 @@ class ExperiencePool:
         self._retired = retired
         self._solved_streak = streak
         self.active = active
+        self._recent_draws = deque(recent, maxlen=REPLAY_WINDOW_STEPS)
         self.counters.update(counters)
         self._rng = np.random.default_rng()
         self._rng.bit_generator.state = rng_state
         self.seed = int(state.get("seed", self.seed))
+
+    def _on_grid(self, bucket: float) -> float:
+        """A saved bucket key as this code keys it: files written before the one grid held binary buckets at
+        k / (K - 1) for replayed questions; those go to the nearest level, as :func:`accuracy_level` puts them."""
+        if self.config.reward_type != "binary":
+            return round(bucket, 9)
+        levels = self.config.n_rollouts
+        level = int(np.floor(bucket * levels + 0.5))
+        if 0.0 < bucket < 1.0:
+            level = min(max(level, 1), levels - 1)
+        return round(level / levels, 9)
 
     def state_digest(self) -> str:
         """SHA-256 of :meth:`state_dict` (questions, buckets, trajectories, retired set, latch, RNG state).

@@ -57,6 +57,17 @@ class ChosenMember:
     trajectory: Trajectory
     entropy: float | None  # its mean token entropy under the current policy; None when it was not scored
     n_candidates: int
+    position: int = 0  # its place among the candidates, oldest first
+
+    def beyond_newest(self, keep: int) -> bool:
+        """Whether a pool keeping only the ``keep`` newest successes would have lost this choice: what the paper
+        profile's 'every distinct success' changes against a cap of K (``exgrpo/replay_chosen_beyond_k``)."""
+        return self.position < self.n_candidates - keep
+
+
+def share_chosen_beyond_newest(members: Sequence[ChosenMember], keep: int) -> float:
+    """Share of replayed members a ``keep``-newest cap would have changed; 0.0 for no members."""
+    return sum(m.beyond_newest(keep) for m in members) / len(members) if members else 0.0
 
 
 # (position of the question in the step's replay list, one stored trajectory of it) -> mean token entropies
@@ -80,7 +91,8 @@ def choose_members(
         if not candidates:  # gone while its group was in flight (the global token cap): K - 1 fresh members
             continue
         if select == "random":
-            chosen[i] = ChosenMember(candidates[pool.choose_random(len(candidates))], None, len(candidates))
+            pick = pool.choose_random(len(candidates))
+            chosen[i] = ChosenMember(candidates[pick], None, len(candidates), pick)
         elif len(candidates) == 1 and not score_single:
             chosen[i] = ChosenMember(candidates[0], None, 1)
         else:
@@ -92,5 +104,5 @@ def choose_members(
             own = scores[offset : offset + len(candidates)]
             offset += len(candidates)
             pick = select_lowest_entropy(own)
-            chosen[i] = ChosenMember(candidates[pick], float(own[pick]), len(candidates))
+            chosen[i] = ChosenMember(candidates[pick], float(own[pick]), len(candidates), pick)
     return chosen

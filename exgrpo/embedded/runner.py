@@ -40,7 +40,13 @@ from exgrpo.algorithm.composition import FreshStream, plan_step
 from exgrpo.algorithm.config import ExGRPOConfig
 from exgrpo.algorithm.objective import aggregate_loss, exgrpo_policy_loss
 from exgrpo.algorithm.pool import ExperiencePool, Trajectory, bucket_metric_prefix
-from exgrpo.algorithm.selection import EntropyScorer, choose_members, mean_token_entropy, token_entropy
+from exgrpo.algorithm.selection import (
+    EntropyScorer,
+    choose_members,
+    mean_token_entropy,
+    share_chosen_beyond_newest,
+    token_entropy,
+)
 from exgrpo.cli import InputError
 from exgrpo.embedded import tiny_model as tm
 
@@ -463,6 +469,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
             "mixed_groups": mixed, "replay_reward": float(rewards[n_fresh_rows:].mean()) if replay else None,
             "exgrpo/selected_entropy_mean": float(np.mean(chosen_entropy)) if chosen_entropy else None,
             "exgrpo/replayed_age_steps": float(np.mean([step - t.step for t in chosen])) if chosen else None,
+            "exgrpo/replay_chosen_beyond_k": share_chosen_beyond_newest(members, K) if members else None,
             "reward_calls": len(row_qids), "verifier_calls": _verifier_calls(score), **loss_metrics,
             "time_s": round(time.perf_counter() - t0, 2),
         }

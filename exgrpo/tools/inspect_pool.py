@@ -36,6 +36,7 @@ import argparse
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -172,7 +173,9 @@ def inspect(path: str | Path, *, top: int = 10, tokenizer: Any = None,
     n_traj = t["n_trajectories"].astype(np.int64)
     lengths = t["trajectory_length"].astype(np.int64)
     traj_steps = t["trajectory_step"].astype(np.int64)
-    traj_bucket = np.round(np.repeat(t["bucket"].astype(np.float64), n_traj), 9)  # the pool's bucket keys
+    # the pool's bucket keys, as it loaded them (a file written before the one grid is snapped onto it)
+    q_bucket = np.array([pool.bucket_of(q) for q in qids], dtype=np.float64)
+    traj_bucket = np.repeat(q_bucket, n_traj)
     probs = replay_probabilities(pool)
     counts = pool.bucket_counts()
     buckets = []
@@ -211,12 +214,20 @@ def inspect(path: str | Path, *, top: int = 10, tokenizer: Any = None,
         "stored_reward_histogram": _reward_histogram(known, cfg.reward_min, cfg.reward_max),
         "top": [],
         "retired_qids": list(t["retired"]),
+        # replay concentration over the latest replaying steps the file remembers, and the questions drawn most
+        "replay_concentration": pool.replay_concentration(),
+        "recent_draw_steps": len(pool.recent_draws()),
+        "most_drawn_recently": [{"qid": q, "draws": n} for q, n in
+                                Counter(q for step in pool.recent_draws() for q in step).most_common(5)],
+        # binary pools: questions whose exact accuracy (k of a replay group's K - 1) is not their bucket's level
+        "accuracy_off_level": int(np.sum(np.abs(t["accuracy"].astype(np.float64) - q_bucket) > 1e-6))
+        if cfg.reward_type == "binary" else 0,
     }
     # rank: per-question draw probability, then the most recently updated first (the file keeps LRU order)
-    order = sorted(range(len(qids)), key=lambda i: (-probs[round(float(t["bucket"][i]), 9)][1], -i))
+    order = sorted(range(len(qids)), key=lambda i: (-probs[float(q_bucket[i])][1], -i))
     for rank, i in enumerate(order[:max(top, 0)], 1):
         qid = qids[i]
-        bucket = round(float(t["bucket"][i]), 9)
+        bucket = float(q_bucket[i])
         entry: dict[str, Any] = {
             "rank": rank, "qid": qid, "accuracy": float(t["accuracy"][i]), "bucket": bucket,
             "replay_probability": probs[bucket][1], "last_step": int(t["question_step"][i]), "trajectories": [],
@@ -307,6 +318,15 @@ def format_report(r: Mapping[str, Any], max_chars: int = 300) -> str:
             bar = "#" * max(1, round(20 * b["questions"] / widest))
             lines.append(f"    {b['bucket']:.3f}  {bar:<20} {b['questions']:>7}  {b['trajectories']:>12}  "
                          f"{b['draw_probability']:>8.2%}")
+        if r.get("accuracy_off_level"):
+            lines.append(f"    {r['accuracy_off_level']} questions sit on the level nearest their exact accuracy "
+                         "(k of a replay group's K - 1 fresh rollouts)")
+    if r.get("recent_draw_steps"):
+        conc = r["replay_concentration"]
+        top_drawn = ", ".join(f"{d['qid']} x{d['draws']}" for d in r["most_drawn_recently"])
+        lines.append(f"  replay concentration over the last {r['recent_draw_steps']} replaying steps: top question "
+                     f"{conc['pool/replay_top_share']:.1%} of draws, {conc['pool/replay_repeat_share']:.0%} of the "
+                     f"latest step's draws also drawn the step before; most drawn: {top_drawn}")
     if r["age_histogram"]:
         a = r["trajectory_age"]
         lines.append(f"  trajectory age (steps since generated): min {a['min']}, median {a['median']:g}, "

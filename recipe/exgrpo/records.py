@@ -102,6 +102,7 @@ class ReplayedMember:
     step: int
     entropy: float | None = None  # mean token entropy under the current policy, when it was scored
     n_candidates: int = 1
+    beyond_k: bool = False  # chosen among successes older than the K newest (what a cap of K would have changed)
 
 
 def replay_record(

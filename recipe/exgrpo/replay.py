@@ -159,6 +159,7 @@ class ReplayInsertionMixin:
                 "exgrpo/inserted": float(len(new_keys)),
                 "exgrpo/replay_groups_without_rollouts": float(missing_groups),
                 "exgrpo/candidates_per_replay": float(np.mean([m.n_candidates for m in members])),
+                "exgrpo/replay_chosen_beyond_k": float(np.mean([m.beyond_k for m in members])),
                 "exgrpo/replayed_age_steps": float(np.mean([self.global_steps - m.step for m in members])),
             }
         )
@@ -185,7 +186,8 @@ class ReplayInsertionMixin:
         chosen = choose_members(self.pool, qids, self.exgrpo_config.select, score)
         return [
             None if m is None else ReplayedMember(uid, qid, "", m.trajectory.token_ids, m.trajectory.log_probs,
-                                                  m.trajectory.step, entropy=m.entropy, n_candidates=m.n_candidates)
+                                                  m.trajectory.step, entropy=m.entropy, n_candidates=m.n_candidates,
+                                                  beyond_k=m.beyond_newest(self.exgrpo_config.n_rollouts))
             for uid, qid, m in zip(replay_uids, qids, chosen, strict=True)
         ]
 

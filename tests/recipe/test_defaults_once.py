@@ -85,4 +85,4 @@ def test_the_paper_profile_differs_from_the_defaults_exactly_where_the_authors_d
     paper = OmegaConf.to_container(compose_config(["profile=paper"]).exgrpo, resolve=True)
     changed = {k for k, v in paper.items() if k != "n_rollouts" and v != DEFAULTS[k]}
     assert changed == {"clip_fresh_after_start", "loss_horizon", "entropy_agg", "skip_step_grad_norm",
-                       "retire_before_start", "collect_on_start_step", "rebucket_unsolved"}
+                       "retire_before_start", "collect_on_start_step", "rebucket_unsolved", "max_per_question"}
