@@ -70,6 +70,10 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import replay_study as rs  # noqa: E402  (the task files, the model, metrics reading and the statistics)
 
 RESULTS = REPO / "benchmarks" / "fork_study"
+# Which bucket grid the pool ran on, written into every result file: "one_grid" since commit 24cbac9 (every question on
+# K + 1 accuracy levels); a file without the field ran before it, when a replayed question sat in a k / (K - 1) bucket.
+BUCKET_GRID = "one_grid"
+PRE_GRID = "k_over_group_size"
 FORK_BY = 20  # a trunk not latched by then forks at this step
 FUTURE_STEPS = 15
 VAL_SAMPLES = 4  # held-out answers per question, sampled at the rollout temperature
@@ -294,7 +298,7 @@ def summary(item: SeedPlan, run: str, metrics: dict[int, dict[str, float]], over
         "regime": item.regime, "run": run, "seed": item.seed, "about": REGIMES[item.regime].about,
         "command": ["env", *[f"{k}={v}" for k, v in PROFILE_ENV.items()], "bash", "run_scripts/cpu_verl_exgrpo.sh",
                     *overrides],
-        "commit": commit, "wall_s": round(wall_s, 1),
+        "commit": commit, "wall_s": round(wall_s, 1), "grid": BUCKET_GRID,
         "finished": dt.datetime.now().isoformat(timespec="seconds"),
         "held_out_questions": {k: int((held["data_source"] == s).sum())
                                for k, s in (("id", rs.ID_SOURCE), ("ood", rs.OOD_SOURCE))},
@@ -681,10 +685,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         text = report(args.out.parent if args.plots is None else args.plots)
         runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*__*__seed*.json"))]
         cpus = sorted({r.get("cpu", "?") for r in runs})
+        grids = sorted({r.get("grid", PRE_GRID) for r in runs})
         header = [f"Written by `python benchmarks/fork_study.py report --out {args.out.name}` at commit "
                   f"{commit}, {dt.date.today().isoformat()}, from {len(runs)} result files in "
                   f"{RESULTS.relative_to(REPO) if RESULTS.is_relative_to(REPO) else RESULTS} (runs on: "
-                  f"{'; '.join(cpus)}).", ""]
+                  f"{'; '.join(cpus)}; bucket grid: {', '.join(grids)}).", ""]
         args.out.write_text("\n".join(header) + text + "\n")
         print(text)
         return
