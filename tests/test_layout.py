@@ -22,8 +22,9 @@ ALLOWED = {
     "exgrpo.verifier": set(),
     "exgrpo.cli": set(),
     "exgrpo.precision": set(),  # which float precision a CPU run uses: the launchers ask it, nothing imports it yet
-    "exgrpo.embedded": {"exgrpo.algorithm", "exgrpo.verifier", "exgrpo.cli"},
-    "exgrpo.tools": {"exgrpo.algorithm", "exgrpo.verifier", "exgrpo.cli"},
+    "exgrpo.progress": set(),  # tqdm on a terminal, a few lines in a log
+    "exgrpo.embedded": {"exgrpo.algorithm", "exgrpo.verifier", "exgrpo.cli", "exgrpo.progress"},
+    "exgrpo.tools": {"exgrpo.algorithm", "exgrpo.verifier", "exgrpo.cli", "exgrpo.progress"},
     "exgrpo.reward": {"exgrpo.verifier"},  # verl's reward path, kept
     "exgrpo.inspect_pool": {"exgrpo.tools"},  # the command users type, kept
     "exgrpo": set(),

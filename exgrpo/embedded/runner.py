@@ -49,6 +49,7 @@ from exgrpo.algorithm.selection import (
 )
 from exgrpo.cli import InputError
 from exgrpo.embedded import tiny_model as tm
+from exgrpo.progress import progress
 
 REWARDS = ("exgrpo", "local", "graded")
 
@@ -380,9 +381,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
     metrics_file.write(json.dumps(history[0]) + "\n")
     bar = range(1, tc.steps + 1)
     if tc.progress:
-        from tqdm import tqdm
-
-        bar = tqdm(bar, desc="ExGRPO" if xc.enable else "GRPO", dynamic_ncols=True)
+        bar = progress(bar, desc="ExGRPO" if xc.enable else "GRPO")
     for step in bar:
         if tc.fresh_question_budget is not None and stream.consumed >= tc.fresh_question_budget:
             break

@@ -263,9 +263,9 @@ def warm_start(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prom
     accuracy = None
     steps = range(1, cfg.warm_start_steps + 1)
     if progress:
-        from tqdm import tqdm
+        from exgrpo.progress import progress as progress_display
 
-        steps = tqdm(steps, desc="warm start", leave=False)
+        steps = progress_display(steps, desc="warm start", leave=False)
     for step in steps:
         model.train()
         idx = torch.randint(0, len(prompts), (cfg.warm_start_batch,), generator=gen)

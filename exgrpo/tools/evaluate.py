@@ -507,9 +507,9 @@ def score_items(items: Sequence[Item], protocol: Protocol, workers: int = 8, pro
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         results = pool.map(one, items)
         if progress:
-            from tqdm import tqdm
+            from exgrpo.progress import progress as progress_display
 
-            results = tqdm(results, total=len(items), desc=f"scoring ({protocol.name})", file=sys.stdout)
+            results = progress_display(results, total=len(items), desc=f"scoring ({protocol.name})", file=sys.stdout)
         return list(results)
 
 
