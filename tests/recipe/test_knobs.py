@@ -56,6 +56,7 @@ SWITCHES = [
     "exgrpo.rebucket_unsolved=true",
     "trainer.val_before_train=true",
     "exgrpo.max_stored_tokens=1000000",
+    "exgrpo.max_per_question=3",  # the paper profile's all: every distinct success
     "trainer.max_actor_ckpt_to_keep=4",  # wins over CKPT_KEEP: the user's override comes last
     # The reference run's optimizer and loss settings the launcher writes (any of them is a user's override away).
     "actor_rollout_ref.actor.optim.lr=3e-6",
@@ -204,7 +205,7 @@ def test_exgrpo_knobs_arrive_in_the_trainers_and_the_workers_settings(knob_run, 
         assert settings.clip_fresh_after_start and not settings.retire_before_start
         assert settings.collect_on_start_step and settings.rebucket_unsolved
         assert settings.entropy_agg == "loss_agg_mode" and settings.skip_step_grad_norm == 123.0
-        assert settings.max_stored_tokens == 1_000_000
+        assert settings.max_stored_tokens == 1_000_000 and settings.max_per_question == 3
 
 
 def dry_run_folder(root: Path, tiny_model_dir: Path) -> dict[str, str]:
