@@ -1,6 +1,6 @@
 """bf16 against float32 on this CPU: a bare matmul, and a CPU twin's step through verl in each precision.
 
-``matmul``: one thread, a 1,024 x 576 x 1,536 matmul (SmolLM2's MLP shape), float32 and bf16, median GFLOP/s of
+``matmul``: one thread (``--threads``), a 1,024 x 576 x 1,536 matmul (SmolLM2's MLP shape), float32 and bf16, median GFLOP/s of
 ``--repeats`` timings after 3 warm-ups, with what ``exgrpo.precision`` sees on this CPU (a precision's first
 timing includes oneDNN's kernel build: the warm-ups absorb it).
 
@@ -17,7 +17,7 @@ Every command prints its table and writes it, with the command, the machine (CPU
 
 Usage::
 
-    python benchmarks/cpu_precision.py matmul [--repeats 20]
+    python benchmarks/cpu_precision.py matmul [--repeats 20] [--threads 1]
     python benchmarks/cpu_precision.py twin [--steps 4] [--repeats 2] [--smollm2] [--root runs/cpu_precision/...]
 """
 
@@ -62,10 +62,10 @@ def machine() -> dict[str, object]:
             "date": dt.date.today().isoformat()}
 
 
-def matmul(repeats: int) -> dict[str, float]:
+def matmul(repeats: int, threads: int = 1) -> dict[str, float]:
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     m, k, n = SHAPE
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
@@ -131,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     p_mm = sub.add_parser("matmul")
     p_mm.add_argument("--repeats", type=int, default=20)
+    p_mm.add_argument("--threads", type=int, default=1)
     p_mm.add_argument("--out", type=Path, default=None)
     p_twin = sub.add_parser("twin")
     p_twin.add_argument("--steps", type=int, default=4)
@@ -145,8 +146,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     what = "matmul" if args.command == "matmul" else "twin_" + ("smollm2" if args.smollm2 else "tiny")
     out = args.out or REPO / "benchmarks" / "results" / f"cpu_precision_{what}_{cpu}.json"
     if args.command == "matmul":
-        result["gflops"] = gflops = matmul(args.repeats)
-        print(f"{'x'.join(map(str, SHAPE))} matmul, 1 thread: float32 {gflops['float32']:.1f} GFLOP/s, "
+        result["gflops"] = gflops = matmul(args.repeats, args.threads)
+        result["threads"] = args.threads
+        print(f"{'x'.join(map(str, SHAPE))} matmul, {args.threads} thread(s): float32 {gflops['float32']:.1f} GFLOP/s, "
               f"bf16 {gflops['bfloat16']:.1f} GFLOP/s ({gflops['bfloat16'] / gflops['float32']:.2f}x)")
     else:
         root = args.root or Path("runs/cpu_precision") / ("smollm2" if args.smollm2 else "tiny")

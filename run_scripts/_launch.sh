@@ -33,6 +33,8 @@
 #   CPU_PRESET (unset; learn = on the CPU, preset=learn: the runner's settings for a run both engines share)
 #   EXGRPO_CPU_PRECISION (on the CPU: bf16 as on GPU where the CPU has AMX / AVX512-BF16 units, else fp32; bf16 or
 #       fp32 forces either: float32 throughout gives an exact weight sync)
+#   OMP_NUM_THREADS (on the CPU: the cores nproc counts / the update's ranks) threads of every Ray worker, vLLM's
+#       included (VLLM_CPU_NUM_OF_RESERVED_CPU: 0, vLLM keeps no core for its engine loop)
 #   DRY_RUN (unset; 1 = print the arguments one per line and exit without starting anything)
 # Relative paths are taken from the directory you run the script in and passed on as absolute paths (Ray workers,
 # the driver and a pre-started cluster's raylets each have their own working directory).
@@ -227,6 +229,13 @@ exgrpo_launch() {
       *) export VERL_USE_EXTERNAL_MODULES="recipe.exgrpo.cpu${VERL_USE_EXTERNAL_MODULES:+,$VERL_USE_EXTERNAL_MODULES}" ;;
     esac
     export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"  # GiB of KV cache for vLLM on CPU
+    # threads: Ray starts each worker with one OpenMP thread, and vLLM keeps a core for its engine loop; rollout and
+    # update take turns in the sync and colocated modes, so each takes the cores (the update's ranks share them).
+    # separate_async runs both at once: recipe.exgrpo.cpu.SEPARATE_ASYNC_OVERRIDES splits the cores instead.
+    local ranks="${N_GPUS_PER_NODE:-1}" cores
+    cores="$(nproc)"
+    export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( cores / ranks > 1 ? cores / ranks : 1 ))}"
+    export VLLM_CPU_NUM_OF_RESERVED_CPU="${VLLM_CPU_NUM_OF_RESERVED_CPU:-0}"
     # bf16 where this CPU has bf16 matrix units (AMX / AVX512-BF16) that oneDNN drives, float32 elsewhere (bf16
     # without them is emulated, ~30x slower than float32); EXGRPO_CPU_PRECISION=bf16|fp32 forces either. verl prints
     # the choice and its reason in its config (cpu_precision).
@@ -248,7 +257,8 @@ exgrpo_launch() {
     fi
   fi
   local var
-  for var in VERL_PLATFORM VERL_USE_EXTERNAL_MODULES VLLM_CPU_KVCACHE_SPACE VERL_FILE_LOGGER_PATH EXGRPO_HOLD_AT; do
+  for var in VERL_PLATFORM VERL_USE_EXTERNAL_MODULES VLLM_CPU_KVCACHE_SPACE OMP_NUM_THREADS VLLM_CPU_NUM_OF_RESERVED_CPU \
+    VERL_FILE_LOGGER_PATH EXGRPO_HOLD_AT; do
     if [ -n "${!var:-}" ]; then
       machine+=("+ray_kwargs.ray_init.runtime_env.env_vars.$var='${!var}'")
     fi

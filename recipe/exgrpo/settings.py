@@ -53,6 +53,13 @@ class RecipeSettings:
                   "leaves loss_scale_factor as given."},
     )
 
+    sample_poll_interval: float | None = field(
+        default=None,
+        metadata={"help": "Seconds between the trainer's looks for finished groups (verl's ReplayBuffer.poll_interval, "
+                  "which its config does not expose); null keeps verl's 2 s. A step's generation and validation end "
+                  "on a look, so a step of seconds (the CPU twin, 0.2 there) waits up to a poll for nothing."},
+    )
+
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"exgrpo.seed={self.seed!r}: must be an integer")
@@ -68,6 +75,9 @@ class RecipeSettings:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"exgrpo.{key}={value!r}: must be a positive integer or null")
+        poll = self.sample_poll_interval
+        if poll is not None and (isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 < poll <= 60):
+            raise ValueError(f"exgrpo.sample_poll_interval={poll!r}: must be seconds in (0, 60] or null")
 
 
 # The exgrpo-section keys that are not ExGRPOConfig fields.

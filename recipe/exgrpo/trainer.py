@@ -88,6 +88,8 @@ class ExGRPOTrainerMixin(ReplayInsertionMixin, ExGRPOStateMixin):
         super().__init__(config)
         self.exgrpo_config, self.exgrpo_settings = settings
         self.exgrpo_enabled = self.exgrpo_config.enable
+        if self.exgrpo_settings.sample_poll_interval is not None:  # verl's built-in buffer takes it only at build
+            self.replay_buffer.poll_interval = float(self.exgrpo_settings.sample_poll_interval)
         self.pool: ExperiencePool | None = (
             ExperiencePool(self.exgrpo_config, seed=self.exgrpo_settings.seed) if self.exgrpo_enabled else None
         )

@@ -36,7 +36,7 @@ LAUNCH_ENV = ("MODEL_PATH", "DATA_DIR", "TRAIN_FILE", "VAL_FILE", "CKPT_DIR", "P
               "PROJECT_NAME", "EXPERIMENT_NAME", "CKPT_KEEP", "TOKENS_PER_GPU", "MAX_PROMPT_LENGTH",
               "MAX_RESPONSE_LENGTH", "CPU_PRESET", "EXGRPO_CPU_PRECISION", "VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES",
               "VERL_FILE_LOGGER_PATH", "VLLM_CPU_KVCACHE_SPACE", "EXGRPO_HOLD_AT", "RAY_ADDRESS", "DRY_RUN",
-              "EXGRPO_DEBUG", "DNNL_MAX_CPU_ISA")
+              "EXGRPO_DEBUG", "DNNL_MAX_CPU_ISA", "OMP_NUM_THREADS", "VLLM_CPU_NUM_OF_RESERVED_CPU")
 # What the launcher is given on the CPU when it substitutes the tiny model (its prompt width and response budget).
 TWIN = {"EXGRPO_DEVICE": "cpu", "MAX_PROMPT_LENGTH": "29", "MAX_RESPONSE_LENGTH": "24"}
 STRICT_OFF = "reward.custom_reward_function.reward_kwargs.strict_format=false"
@@ -98,7 +98,8 @@ def _launches() -> dict[str, Launch]:
     e2e = {**TWIN, "EXGRPO_CPU_PRECISION": "bf16", "CKPT_DIR": "ck", "VERL_FILE_LOGGER_PATH": "/logs/run.jsonl"}
     out["e2e.paper"] = Launch(qwen, {**e2e, "TOKENS_PER_GPU": "512"}, (
         "trainer.total_training_steps=4", "trainer.save_freq=1", "trainer.test_freq=4",
-        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"))
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.model.enable_gradient_checkpointing=true"))
     out["e2e.grpo"] = Launch(grpo, e2e, ("trainer.total_training_steps=2", "trainer.save_freq=2",
                                          "trainer.test_freq=2", STRICT_OFF))
     out["e2e.ranks2"] = Launch(CPU_TWIN, {**e2e, "N_GPUS_PER_NODE": "2", "EXGRPO_CPU_PRECISION": "fp32"}, (
@@ -194,7 +195,13 @@ def canonical(config: Any, repo: Path, workdir: Path) -> dict[str, Any]:
                 value = value.replace(path, name)
         return value
 
-    return placed(OmegaConf.to_container(config, resolve=True))
+    out = placed(OmegaConf.to_container(config, resolve=True))
+    # the launcher's threads on the CPU follow the machine: this machine's cores over the update's ranks
+    env_vars = out.get("ray_kwargs", {}).get("ray_init", {}).get("runtime_env", {}).get("env_vars", {})
+    cores, ranks = len(os.sched_getaffinity(0)), out["trainer"]["n_gpus_per_node"]
+    if env_vars.get("OMP_NUM_THREADS") == str(max(1, cores // ranks)):
+        env_vars["OMP_NUM_THREADS"] = "<CORES/RANKS>"
+    return out
 
 
 def flat(node: Any, prefix: str = "") -> dict[str, Any]:

@@ -49,7 +49,7 @@ def workdir(tmp_path_factory) -> Path:
 
 # Keys added to the recipe yaml since the fixtures were recorded, with the default every launch composes: a launch may
 # differ from its fixture by these alone (absent before, this value now).
-ADDED_SINCE: dict[str, object] = {}  # none since the paper profile's max_per_question=all regenerated them
+ADDED_SINCE: dict[str, object] = {}  # none since the CPU layout and threads (step_profile.py) regenerated them
 
 
 def differences(name: str, workdir: Path) -> dict[str, tuple[str, str]]:

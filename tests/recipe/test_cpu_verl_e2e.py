@@ -162,6 +162,8 @@ def assert_clean_exit(run: Run) -> None:
 # The paper twin's micro-batch token budget: a mini-batch is 4 questions x 8 rollouts of at least 29 prompt tokens
 # (928 tokens or more), so verl's dynamic batch size cuts it into several micro-batches balanced by length.
 TOKEN_BUDGET = 256
+GPU_LAYOUT = ("actor_rollout_ref.model.use_remove_padding=true",
+              "actor_rollout_ref.model.enable_gradient_checkpointing=true")
 # The rollout-vs-trainer log-prob gap in bf16 (vLLM's and FSDP's roundings of the same weights), verl's
 # training/rollout_probs_diff_*: measured on this twin at 0.0018-0.0023 (mean) and 0.015-0.078 (max, the largest of
 # ~1,000 tokens) per step over three runs (2026-12-03); the bounds keep 4x and 2x of headroom over that. In float32
@@ -171,9 +173,10 @@ BF16_GAP_MEAN, BF16_GAP_MAX, FP32_GAP_MAX = 0.01, 0.15, 1e-4
 
 @pytest.fixture(scope="module")
 def paper_run(job_root) -> Run:
+    # the GPU's layout (packed micro-batches, recomputed activations) where every other twin here runs the CPU's
     return run_job(job_root / "user", job_root / "paper_ckpt", "paper",
                    f"trainer.total_training_steps={PAPER_STEPS}", "trainer.save_freq=1",
-                   f"trainer.test_freq={PAPER_STEPS}", SAVE_HF_WEIGHTS,
+                   f"trainer.test_freq={PAPER_STEPS}", SAVE_HF_WEIGHTS, *GPU_LAYOUT,
                    env_extra={"TOKENS_PER_GPU": str(TOKEN_BUDGET)})
 
 
@@ -184,9 +187,10 @@ def test_paper_script_twin_trains_with_replay_the_guard_and_strict_grading_and_c
     checkpoints its pool beside the actor."""
     run = paper_run
     assert_clean_exit(run)
-    # The GPU run's engine: remove-padding, gradient checkpointing, dynamic batch size at a budget that splits every
-    # mini-batch; in the precision this CPU's units make fastest (exgrpo.precision), said at launch and in verl's
-    # config: on bf16 units the GPU's bf16 mixed precision and vLLM in bf16, elsewhere float32 in both.
+    # The GPU run's engine: remove-padding, gradient checkpointing (both GPU_LAYOUT: the CPU's own layout pads and
+    # keeps activations), dynamic batch size at a budget that splits every mini-batch; in the precision this CPU's
+    # units make fastest (exgrpo.precision), said at launch and in verl's config: on bf16 units the GPU's bf16 mixed
+    # precision and vLLM in bf16, elsewhere float32 in both.
     # (verl prints its config: no mixed_precision section is verl's bf16 default, and no dtype there is float32; the
     # param_dtype entries it prints belong to engines the run does not use)
     choice = CPU_PRECISION

@@ -12,6 +12,7 @@ environment variable the launch layer reads and every setting the paper profile 
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -290,12 +291,24 @@ def test_device_profile_preset_and_cluster_knobs(tmp_path, tiny_model_dir):
     assert "reward_kwargs" not in recipe.reward.custom_reward_function
     assert recipe.actor_rollout_ref.actor.loss_scale_factor == 128  # MAX_RESPONSE_LENGTH
     cpu = config_of(EXGRPO_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2", CPU_PRESET="learn", RAY_ADDRESS="10.0.0.1:6379",
-                    EXGRPO_CPU_PRECISION="bf16")
+                    EXGRPO_CPU_PRECISION="bf16", OMP_NUM_THREADS="")
     env_vars = cpu.ray_kwargs.ray_init.runtime_env.env_vars
     assert (env_vars.VERL_PLATFORM, env_vars.VLLM_CPU_KVCACHE_SPACE) == ("cpu", "2")
     assert "recipe.exgrpo.cpu" in env_vars.VERL_USE_EXTERNAL_MODULES.split(",")
+    # every core for each phase in turn: OpenMP threads in every Ray worker (Ray's default is one), none kept by vLLM
+    cores = len(os.sched_getaffinity(0))
+    assert (env_vars.OMP_NUM_THREADS, env_vars.VLLM_CPU_NUM_OF_RESERVED_CPU) == (str(cores), "0")
+    two_ranks = config_of(EXGRPO_DEVICE="cpu", N_GPUS_PER_NODE="2", OMP_NUM_THREADS="")
+    assert two_ranks.ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS == str(max(1, cores // 2))
+    yours = config_of(EXGRPO_DEVICE="cpu", OMP_NUM_THREADS="3", VLLM_CPU_NUM_OF_RESERVED_CPU="1")
+    assert (yours.ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS,
+            yours.ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_NUM_OF_RESERVED_CPU) == ("3", "1")
     assert cpu.trainer.n_gpus_per_node == 1 and cpu.actor_rollout_ref.rollout.dtype == "bfloat16"  # the CPU profile
-    assert cpu.actor_rollout_ref.actor.fsdp_config.dtype == "bfloat16" and cpu.actor_rollout_ref.model.use_remove_padding
+    assert cpu.actor_rollout_ref.actor.fsdp_config.dtype == "bfloat16"
+    # padded micro-batches, activations kept: the CPU's layout (the GPU packs and recomputes)
+    assert not cpu.actor_rollout_ref.model.use_remove_padding and not (
+        cpu.actor_rollout_ref.model.enable_gradient_checkpointing)
+    assert paper.actor_rollout_ref.model.use_remove_padding and paper.actor_rollout_ref.model.enable_gradient_checkpointing
     exact = config_of(EXGRPO_DEVICE="cpu", EXGRPO_CPU_PRECISION="fp32")
     assert exact.actor_rollout_ref.rollout.dtype == "float32" and exact.actor_rollout_ref.actor.fsdp_config.dtype == (
         "float32") and exact.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
@@ -307,7 +320,7 @@ def test_device_profile_preset_and_cluster_knobs(tmp_path, tiny_model_dir):
 # The knobs the tests above set, by name as the docs write them.
 COVERED = set(ENV) | {"MODEL_PATH", "TRAIN_FILE", "VAL_FILE", "CHAT_TEMPLATE", "DRY_RUN", "EXGRPO_PROFILE",
                       "EXGRPO_DEVICE", "CPU_PRESET", "EXGRPO_CPU_PRECISION", "DATA_DIR", "VLLM_CPU_KVCACHE_SPACE",
-                      "RAY_ADDRESS"} | {
+                      "RAY_ADDRESS", "OMP_NUM_THREADS", "VLLM_CPU_NUM_OF_RESERVED_CPU"} | {
     s.split("=", 1)[0].lstrip("+") for s in SWITCHES}
 
 

@@ -139,6 +139,8 @@ def test_recipe_yaml_composes_passes_verl_validation_and_ties_k_to_rollout_n():
         ("algorithm.adv_estimator=gae", "adv_estimator"),
         ("algorithm.rollout_correction.rollout_is=token", "rollout_is"),
         ("exgrpo.allow_empty_pool_on_resume=maybe", "allow_empty_pool_on_resume"),
+        ("exgrpo.sample_poll_interval=0", r"exgrpo\.sample_poll_interval=0: must be seconds in \(0, 60\] or null"),
+        ("exgrpo.sample_poll_interval=fast", "sample_poll_interval='fast'"),
         ("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "loss_mode"),
         ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi_turn"),
         ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.enable"),
@@ -262,6 +264,16 @@ def test_trainer_maps_the_actor_role_to_the_exgrpo_worker_class():
     assert actor_roles
     for role in actor_roles:
         assert trainer.role_worker_mapping[role].__ray_actor_class__ is ExGRPOActorRolloutRefWorker
+
+
+def test_the_trainer_looks_for_finished_groups_at_the_poll_interval_set():
+    """verl builds its replay buffer with a 2-s poll its config cannot change; exgrpo.sample_poll_interval sets it
+    (the CPU profile's 0.2 s), and null leaves verl's."""
+    from recipe.exgrpo.trainer import ExGRPOTrainer
+
+    for override, expected in ((), 2.0), (("exgrpo.sample_poll_interval=0.2",), 0.2):
+        config = compose_config([*BASE, "actor_rollout_ref.rollout.n=4", *override])
+        assert ExGRPOTrainer(config, load_settings(config)).replay_buffer.poll_interval == expected, override
 
 
 # ----------------------------------------------------------------------------------------------- verl settings that

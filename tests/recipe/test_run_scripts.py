@@ -212,6 +212,8 @@ CPU_DEVICE_KEYS = {
     "ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM",
     "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES",
     "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_KVCACHE_SPACE",
+    "ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS",
+    "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_NUM_OF_RESERVED_CPU",
 }
 CPU_ENGINE_KEYS = {
     "actor_rollout_ref.rollout.tensor_model_parallel_size",
@@ -219,6 +221,8 @@ CPU_ENGINE_KEYS = {
     "actor_rollout_ref.model.override_config.attn_implementation",
     "actor_rollout_ref.rollout.enforce_eager", "actor_rollout_ref.rollout.enable_sleep_mode",
     "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.rollout.max_num_batched_tokens",
+    "actor_rollout_ref.model.use_remove_padding", "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "exgrpo.sample_poll_interval",
 }
 # Float32 throughout: the twin on a CPU without bf16 units, or with EXGRPO_CPU_PRECISION=fp32 (bf16 is the GPU's).
 CPU_FP32_KEYS = {
@@ -241,6 +245,7 @@ VERL_COPIES = {
     "distillation.teacher_models.teacher_model.inference.response_length": "data.max_response_length",
     "exgrpo.loss_horizon": "data.max_response_length",  # the paper profile's interpolation
     "actor_rollout_ref.exgrpo.loss_horizon": "data.max_response_length",  # the workers' copy of the section
+    "actor_rollout_ref.exgrpo.sample_poll_interval": "exgrpo.sample_poll_interval",
 }
 # How validation decodes on the tiny task (greedy: a sampled number on 93 questions is mostly noise).
 CPU_VALIDATION_KEYS = {"actor_rollout_ref.rollout.val_kwargs.temperature"}
@@ -418,15 +423,19 @@ def test_the_twin_computes_in_bf16_where_the_cpu_has_bf16_units_and_in_float32_e
         assert bf16.returncode == gpu.returncode == fp32.returncode == 0, bf16.stderr + fp32.stderr
         twin, reference = _resolved(bf16.stdout.splitlines()), _resolved(gpu.stdout.splitlines())
         for key in ("actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.actor.fsdp_config.mixed_precision",
-                    "actor_rollout_ref.rollout.dtype", "actor_rollout_ref.model.use_remove_padding",
-                    "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.actor.use_dynamic_bsz"):
+                    "actor_rollout_ref.rollout.dtype", "actor_rollout_ref.actor.use_dynamic_bsz"):
             assert twin.get(key, "<unset>") == reference.get(key, "<unset>"), key  # mixed_precision: verl's default
-        # micro-batches of 1,024 tokens (sdpa's packed attention is quadratic in them), TOKENS_PER_GPU as on GPU
+        # the CPU's layout: padded micro-batches, activations kept (the GPU packs and recomputes)
+        for key in ("actor_rollout_ref.model.use_remove_padding",
+                    "actor_rollout_ref.model.enable_gradient_checkpointing"):
+            assert (twin[key], reference[key]) == (False, True), key
+        # the trainer looks for finished groups every 0.2 s (GPU: verl's 2 s)
+        assert (twin["exgrpo.sample_poll_interval"], reference["exgrpo.sample_poll_interval"]) == (0.2, None)
+        # micro-batches of 1,024 tokens, TOKENS_PER_GPU as on GPU
         assert twin["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == 1024
         budget = run_launcher({**env, "EXGRPO_PROFILE": profile, "TOKENS_PER_GPU": "256"})
         assert _resolved(budget.stdout.splitlines())["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] == 256
-        assert twin["actor_rollout_ref.actor.fsdp_config.dtype"] == "bfloat16" and twin[
-            "actor_rollout_ref.model.use_remove_padding"] is True
+        assert twin["actor_rollout_ref.actor.fsdp_config.dtype"] == "bfloat16"
         changed = _changed_keys(bf16.stdout.splitlines(), fp32.stdout.splitlines()) - set(VERL_COPIES)
         assert changed == CPU_FP32_KEYS | record
         exact = _resolved(fp32.stdout.splitlines())
