@@ -1,8 +1,8 @@
 """bf16 against float32 on this CPU: a bare matmul, and a CPU twin's step through verl in each precision.
 
-``matmul``: one thread (``--threads``), a 1,024 x 576 x 1,536 matmul (SmolLM2's MLP shape), float32 and bf16, median GFLOP/s of
-``--repeats`` timings after 3 warm-ups, with what ``exgrpo.precision`` sees on this CPU (a precision's first
-timing includes oneDNN's kernel build: the warm-ups absorb it).
+``matmul``: one thread (``--threads``), a 1,024 x 576 x 1,536 matmul (SmolLM2's MLP shape), float32 and bf16,
+median GFLOP/s of ``--repeats`` timings after 3 warm-ups, with what ``exgrpo.precision`` sees on this CPU (a
+precision's first timing includes oneDNN's kernel build: the warm-ups absorb it).
 
 ``twin``: ``bash run_scripts/cpu_verl_exgrpo.sh`` (the recipe's defaults) for ``--steps`` steps, no validation and no
 checkpoint, with ``EXGRPO_CPU_PRECISION`` alternating fp32, bf16, fp32, ... (``--repeats`` runs of each), so a slow

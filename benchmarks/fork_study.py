@@ -49,6 +49,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -125,9 +126,12 @@ def future_overrides(name: str, seed: int) -> list[str]:
 class SeedPlan:
     regime: str
     seed: int
+    chosen: tuple[str, ...] = ()  # ``--futures``: these futures of any seed instead of the plan's
 
     @property
     def futures(self) -> tuple[str, ...]:
+        if self.chosen:
+            return self.chosen
         spec = REGIMES[self.regime]
         return spec.futures + (ABLATIONS if self.seed in spec.ablation_seeds else ())
 
@@ -667,6 +671,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for p in (p_plan, p_run):
         p.add_argument("--only", nargs="*", default=[], help="regime or regime/seed")
         p.add_argument("--work", type=Path, default=REPO / "runs" / "fork_study")
+        p.add_argument("--futures", nargs="*", default=[], choices=(*MAIN_FUTURES, *ABLATIONS),
+                       help="run these futures on every seed chosen, whatever the plan gives it")
     p_run.add_argument("--until", default=None, help="HH:MM: start no run (trunk or future) after the next such time")
     p_run.add_argument("--max-seeds", type=int, default=None)
     p_report.add_argument("--plots", type=Path, default=None)
@@ -693,7 +699,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.out.write_text("\n".join(header) + text + "\n")
         print(text)
         return
-    items = [i for i in plan() if not args.only or i.regime in args.only or i.name in args.only]
+    items = [dataclasses.replace(i, chosen=tuple(args.futures)) for i in plan()
+             if not args.only or i.regime in args.only or i.name in args.only]
     if args.command == "plan":
         for item in items:
             print(seed_status(item, args.work))

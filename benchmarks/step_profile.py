@@ -191,7 +191,8 @@ def table(root: Path) -> dict[str, Any]:
               "model": shape, "arms": arms, "bound_s": bound, "profile": trace_table(root)}
     lines = [f"{result['machine']['cpu']}, {precision}, {threads} threads: matmul {rate / 1e9:.0f} GFLOP/s; "
              f"{reference['tokens']:.0f} tokens a step, {reference['generated']:.0f} generated", "",
-             "| phase | bound (s) | " + " | ".join(f"{a} (s, {v['runs']} runs, {v['steps']} steps)" for a, v in arms.items())
+             "| phase | bound (s) | "
+             + " | ".join(f"{a} (s, {v['runs']} runs, {v['steps']} steps)" for a, v in arms.items())
              + " | now / bound | before / now |", "|---|---:|" + "---:|" * len(arms) + "---:|---:|"]
     for phase in PHASES:
         cells = [f"{v[phase]:.2f}" for v in arms.values()]

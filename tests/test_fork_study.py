@@ -69,6 +69,22 @@ def test_a_seed_is_done_only_with_every_future_of_its_own_trunk(tmp_path, monkey
     assert list(fs.load("headroom")[0]) == ["trunk"]
 
 
+def test_futures_chosen_on_the_command_line_replace_the_plans_and_decide_when_a_seed_is_done(tmp_path, monkeypatch,
+                                                                                           capsys):
+    monkeypatch.setattr(fs, "RESULTS", tmp_path)
+    chosen = ("exgrpo", "grpo", "exgrpo_uniform_buckets")
+    item = fs.SeedPlan("hard", 0, chosen)
+    assert fs.SeedPlan("hard", 0).futures == fs.MAIN_FUTURES and item.futures == chosen  # seed 0 has no ablations
+    (tmp_path / "hard__trunk__seed0.json").write_text(json.dumps(_result("hard", "trunk", 0, "t1", {})))
+    for name in chosen:
+        (tmp_path / f"hard__{name}__seed0.json").write_text(json.dumps(_result("hard", name, 0, "t1", {})))
+    assert fs.seed_done(item) and not fs.seed_done(fs.SeedPlan("hard", 0))  # the plan's grpo_aa is missing
+    fs.main(["plan", "--only", "hard/0", "--futures", *chosen, "--results", str(tmp_path)])
+    assert capsys.readouterr().out.startswith("done  hard/0: trunk, exgrpo, grpo, exgrpo_uniform_buckets")
+    with pytest.raises(SystemExit):
+        fs.main(["plan", "--futures", "exgrpo_typo"])
+
+
 def test_plan_says_what_a_stopped_seed_has_written_and_whether_its_trunk_can_still_fork_here(tmp_path, monkeypatch):
     monkeypatch.setattr(fs, "RESULTS", tmp_path / "results")
     item, work = fs.SeedPlan("headroom", 1), tmp_path / "work"
