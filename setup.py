@@ -32,7 +32,7 @@ EXTRAS = {
     # flash-attn are in place (run_scripts/install_gpu.sh).
     "gpu": ["verl[verl-core,vllm,fsdp]==0.9.1"],
     "data": ["datasets>=2.18"],
-    "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5"],
+    "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "ruff>=0.5"],
 }
 
 setup(

@@ -82,13 +82,33 @@ exgrpo_check_context() {
   fi
 }
 
-# exgrpo_check_rows FILE WHAT: the file must be a parquet file with at least one row (verl would start a cluster and
-# then fail, or train on nothing).
-exgrpo_check_rows() {
-  local rows
-  rows="$(python3 -c 'import sys, pyarrow.parquet as pq; print(pq.ParquetFile(sys.argv[1]).metadata.num_rows)' \
-    "$1" 2>/dev/null)" || exgrpo_fail "$2 $1 is not a readable parquet file"
-  [ "$rows" -gt 0 ] || exgrpo_fail "$2 $1 has no rows"
+# exgrpo_check_data TRAIN VAL: python3, the interpreter that will run verl (the exec below), imports pyarrow and
+# hydra, and both files are parquet files with at least one row (verl would start a cluster and then fail, or train
+# on nothing). One interpreter for all of it: every launch, dry runs included, pays its start-up once.
+exgrpo_check_data() {
+  local -a found
+  mapfile -t found < <(python3 -c '
+import sys
+try:
+    import hydra  # noqa: F401
+    import pyarrow.parquet as pq
+except ImportError:
+    sys.exit(print("no-import"))
+for path in sys.argv[1:]:
+    try:
+        print(pq.ParquetFile(path).metadata.num_rows)
+    except Exception:
+        print("unreadable")
+' "$1" "$2" 2>/dev/null)
+  [ "${found[0]:-no-import}" != no-import ] || exgrpo_fail "$(command -v python3) cannot import pyarrow and hydra:" \
+    "activate the environment verl is installed in"
+  local i what file
+  for i in 0 1; do
+    what=$([ "$i" = 0 ] && echo "training file" || echo "validation file")
+    file=$([ "$i" = 0 ] && echo "$1" || echo "$2")
+    [ "${found[$i]:-unreadable}" != unreadable ] || exgrpo_fail "$what $file is not a readable parquet file"
+    [ "${found[$i]}" -gt 0 ] || exgrpo_fail "$what $file has no rows"
+  done
 }
 
 exgrpo_check_chat_template() {
@@ -165,12 +185,7 @@ exgrpo_launch() {
     "python data_preprocess/openr1.py --output $train_file, or set TRAIN_FILE / DATA_DIR)"
   [ -f "$val_file" ] || exgrpo_fail "validation file $val_file not found (python data_preprocess/openr1.py writes" \
     "it beside the training file; or set VAL_FILE / DATA_DIR)"
-  # python3 is the interpreter that will run verl (the exec below): without pyarrow and hydra it cannot read data
-  # or check the arguments either
-  python3 -c 'import pyarrow.parquet, hydra' 2>/dev/null || exgrpo_fail "$(command -v python3) cannot import" \
-    "pyarrow and hydra: activate the environment verl is installed in"
-  exgrpo_check_rows "$train_file" "training file"
-  exgrpo_check_rows "$val_file" "validation file"
+  exgrpo_check_data "$train_file" "$val_file"
   local max_prompt="${MAX_PROMPT_LENGTH:-1024}" max_response="${MAX_RESPONSE_LENGTH:-8192}"
   exgrpo_check_context $((max_prompt + max_response))
   local template_override=()

@@ -65,6 +65,15 @@ def _start_twin_build() -> subprocess.Popen:
                                 preexec_fn=lambda: os.nice(19))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Several workers (pytest-xdist's ``-n``) are for the fast tier only: in the e2e tier each worker would build the
+    twins' model into the same folder and start a Ray cluster of its own, each launch already using every core."""
+    workers = config.getoption("numprocesses", default=None)
+    if workers and not os.environ.get("PYTEST_XDIST_WORKER") and "not e2e" not in (config.option.markexpr or ""):
+        raise pytest.UsageError(f"-n {workers} runs the fast tier only: add -m \"not e2e\" (the e2e tier runs in one "
+                                "process)")
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Marks by module, so a heavy module is in the e2e tier without a line in its file; this runs as each test is
     collected, before `-m` deselects. A slow test is e2e too: `-m "not e2e"` replaces the default `-m 'not slow'`

@@ -34,3 +34,22 @@ def test_the_fast_tier_leaves_out_slow_and_heavy_tests_and_the_default_only_slow
     assert QUICK in fast and SLOW not in fast and HEAVY not in fast
     assert QUICK in default and HEAVY in default and SLOW not in default
     assert fast < default  # the fast tier is the default less the heavy tests
+
+
+
+def test_several_workers_run_the_fast_tier_and_refuse_the_rest_in_one_line():
+    """`-n 2` (pytest-xdist) halves the fast tier on two cores; in the e2e tier each worker would build the twins'
+    model into one folder and start a Ray cluster of its own, so anything but the fast tier is refused at start."""
+    pytest.importorskip("xdist")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args,
+                               "tests/test_fork_study.py"], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    fast = run("-n", "2", "-m", "not e2e")
+    assert fast.returncode == 0 and "bringing up nodes" in fast.stdout, fast.stdout[-2000:] + fast.stderr[-2000:]
+    for refused in (run("-n", "2"), run("-n", "2", "-m", "slow")):
+        assert refused.returncode == pytest.ExitCode.USAGE_ERROR, refused.stdout[-2000:] + refused.stderr[-2000:]
+        assert refused.stderr.strip() == 'ERROR: -n 2 runs the fast tier only: add -m "not e2e" (the e2e tier runs ' \
+            "in one process)"
+    assert run("-n", "0").returncode == 0  # one process: every tier
