@@ -102,12 +102,11 @@ for path in sys.argv[1:]:
 ' "$1" "$2" 2>/dev/null)
   [ "${found[0]:-no-import}" != no-import ] || exgrpo_fail "$(command -v python3) cannot import pyarrow and hydra:" \
     "activate the environment verl is installed in"
-  local i what file
+  local -a what=("training file" "validation file") file=("$1" "$2")
+  local i
   for i in 0 1; do
-    what=$([ "$i" = 0 ] && echo "training file" || echo "validation file")
-    file=$([ "$i" = 0 ] && echo "$1" || echo "$2")
-    [ "${found[$i]:-unreadable}" != unreadable ] || exgrpo_fail "$what $file is not a readable parquet file"
-    [ "${found[$i]}" -gt 0 ] || exgrpo_fail "$what $file has no rows"
+    [ "${found[$i]:-unreadable}" != unreadable ] || exgrpo_fail "${what[$i]} ${file[$i]} is not a readable parquet file"
+    [ "${found[$i]}" -gt 0 ] || exgrpo_fail "${what[$i]} ${file[$i]} has no rows"
   done
 }
 

@@ -36,7 +36,6 @@ def test_the_fast_tier_leaves_out_slow_and_heavy_tests_and_the_default_only_slow
     assert fast < default  # the fast tier is the default less the heavy tests
 
 
-
 def test_several_workers_run_the_fast_tier_and_refuse_the_rest_in_one_line():
     """`-n 2` (pytest-xdist) halves the fast tier on two cores; in the e2e tier each worker would build the twins'
     model into one folder and start a Ray cluster of its own, so anything but the fast tier is refused at start."""

@@ -37,9 +37,10 @@ MODULE_NAME = __name__  # what VERL_USE_EXTERNAL_MODULES names
 # the gloo engine (checkpoint_engine.py), vLLM's KV cache kept between updates (its CPU build has no sleep mode), and
 # the cores split between the two, which run at once (the launcher gives each all of them: they take turns there).
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+_UPDATE_THREADS = max(1, _CORES // 2)  # the rest stay with vLLM's engine
 SEPARATE_ASYNC_OVERRIDES = (
-    f"++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='{max(1, _CORES // 2)}'",
-    f"++ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_NUM_OF_RESERVED_CPU='{_CORES - max(1, _CORES // 2)}'",
+    f"++ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='{_UPDATE_THREADS}'",
+    f"++ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_NUM_OF_RESERVED_CPU='{_CORES - _UPDATE_THREADS}'",
     "trainer.v1.trainer_mode=separate_async", "trainer.v1.separate_async.parameter_sync_step=1",
     "actor_rollout_ref.actor.ppo_mini_batch_size=${data.train_batch_size}",
     "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.nnodes=1",
