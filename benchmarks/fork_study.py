@@ -692,9 +692,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*__*__seed*.json"))]
         cpus = sorted({r.get("cpu", "?") for r in runs})
         grids = sorted({r.get("grid", PRE_GRID) for r in runs})
-        header = [f"Written by `python benchmarks/fork_study.py report --out {args.out.name}` at commit "
+        where = RESULTS.relative_to(REPO) if RESULTS.is_relative_to(REPO) else RESULTS
+        out = args.out.resolve()
+        shown_out = out.relative_to(REPO) if out.is_relative_to(REPO) else out
+        results_arg = "" if RESULTS == (REPO / "benchmarks" / "fork_study") else f" --results {where}"
+        header = [f"Written by `python benchmarks/fork_study.py report{results_arg} --out {shown_out}` at commit "
                   f"{commit}, {dt.date.today().isoformat()}, from {len(runs)} result files in "
-                  f"{RESULTS.relative_to(REPO) if RESULTS.is_relative_to(REPO) else RESULTS} (runs on: "
+                  f"{where} (runs on: "
                   f"{'; '.join(cpus)}; bucket grid: {', '.join(grids)}).", ""]
         args.out.write_text("\n".join(header) + text + "\n")
         print(text)
