@@ -70,7 +70,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import replay_study as rs  # noqa: E402  (the task files, the model, metrics reading and the statistics)
 
-RESULTS = REPO / "benchmarks" / "fork_study"
+DEFAULT_RESULTS = REPO / "benchmarks" / "fork_study"
+RESULTS = DEFAULT_RESULTS  # --results replaces it
 # Which bucket grid the pool ran on, written into every result file: "one_grid" since commit 24cbac9 (every question on
 # K + 1 accuracy levels); a file without the field ran before it, when a replayed question sat in a k / (K - 1) bucket.
 BUCKET_GRID = "one_grid"
@@ -663,6 +664,12 @@ def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -
     rs.save_figure(fig, path)
 
 
+def _from_repo(path: Path) -> Path:
+    """``path`` as a command run from the repository's root would name it."""
+    path = path.resolve()
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     global RESULTS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -680,7 +687,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                           help="also write the report there (markdown, with the command, commit and date), the "
                                "figures beside it")
     for p in sub.choices.values():
-        p.add_argument("--results", type=Path, default=RESULTS)
+        p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args(argv)
     RESULTS = args.results.resolve()
     if args.command == "report":
@@ -692,11 +699,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*__*__seed*.json"))]
         cpus = sorted({r.get("cpu", "?") for r in runs})
         grids = sorted({r.get("grid", PRE_GRID) for r in runs})
-        where = RESULTS.relative_to(REPO) if RESULTS.is_relative_to(REPO) else RESULTS
-        out = args.out.resolve()
-        shown_out = out.relative_to(REPO) if out.is_relative_to(REPO) else out
-        results_arg = "" if RESULTS == (REPO / "benchmarks" / "fork_study") else f" --results {where}"
-        header = [f"Written by `python benchmarks/fork_study.py report{results_arg} --out {shown_out}` at commit "
+        where = _from_repo(RESULTS)
+        given = [*([f"--results {where}"] if RESULTS != DEFAULT_RESULTS else []), f"--out {_from_repo(args.out)}",
+                 *([f"--plots {_from_repo(args.plots)}"] if args.plots is not None else [])]
+        header = [f"Written by `python benchmarks/fork_study.py report {' '.join(given)}` at commit "
                   f"{commit}, {dt.date.today().isoformat()}, from {len(runs)} result files in "
                   f"{where} (runs on: "
                   f"{'; '.join(cpus)}; bucket grid: {', '.join(grids)}).", ""]
