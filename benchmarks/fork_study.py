@@ -104,6 +104,9 @@ class Regime:
 
 MAIN_FUTURES = ("exgrpo", "grpo", "grpo_aa")
 ABLATIONS = ("exgrpo_select_random", "exgrpo_no_shaping", "exgrpo_uniform_buckets")
+# the long futures' other arms (run by --futures; paired with ExGRPO in the report, as the ablations are)
+LONG_ARMS = ("exgrpo_rho25", "exgrpo_rho75", "exgrpo_revisit")
+AGAINST_EXGRPO = ABLATIONS + LONG_ARMS
 REGIMES = {
     "hard": Regime("weak", "a task too hard for the model: level 3 (two digits with two digits) in words; OOD level 2 "
                    "(an easier level)", seeds=(0, 1, 2, 3, 4), futures=MAIN_FUTURES, ablation_seeds=(2, 3, 4)),
@@ -120,6 +123,11 @@ def future_overrides(name: str, seed: int) -> list[str]:
         "exgrpo_select_random": ["exgrpo.select=random"],
         "exgrpo_no_shaping": ["exgrpo.shaping=false"],
         "exgrpo_uniform_buckets": ["exgrpo.sigma=1000.0"],
+        # the long futures' arms: the replay ratio either side of the paper's 50 %, and questions drawn from the pool
+        # as ExGRPO draws them but given K fresh rollouts and no stored member (what revisiting alone does)
+        "exgrpo_rho25": ["exgrpo.rho=0.25"],
+        "exgrpo_rho75": ["exgrpo.rho=0.75"],
+        "exgrpo_revisit": ["exgrpo.replay_with_trajectory=false"],
     }[name]
 
 
@@ -508,7 +516,7 @@ def report(plots: Path | None) -> str:
         seeds = load(regime)
         if not any("grpo" in runs for runs in seeds.values()):
             continue
-        names = [n for n in (*spec.futures, *ABLATIONS) if n != "grpo" and any(n in r and "grpo" in r
+        names = [n for n in (*spec.futures, *AGAINST_EXGRPO) if n != "grpo" and any(n in r and "grpo" in r
                                                                                for r in seeds.values())]
         lines += [f"### `{regime}`: {spec.about}", ""]
         forks = ", ".join(f"{s}: {r['trunk']['fork_step']} ({r['trunk']['fork_reason']})"
@@ -557,7 +565,7 @@ def report(plots: Path | None) -> str:
                                                                                  for i, c in enumerate(cells)) + " |")
             lines.append("")
             # an ablation's own question is what its part adds to ExGRPO, so pair it with ExGRPO, not with GRPO
-            ablations = [n for n in ABLATIONS if n in names]
+            ablations = [n for n in AGAINST_EXGRPO if n in names]
             if ablations:
                 lines += ["**The ablations against ExGRPO.** ExGRPO − ablation on the same fork, in points: what "
                           "removing the part costs (above zero: the part helped), per training step (each seed's "
@@ -624,10 +632,10 @@ def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(9, 6.4))
-    names = [n for n in (*MAIN_FUTURES, *ABLATIONS) if any(n in r for r in seeds.values())]
+    names = [n for n in (*MAIN_FUTURES, *AGAINST_EXGRPO) if any(n in r for r in seeds.values())]
     colours = dict(zip(names, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
     curves = [(name, list(paired_seeds(seeds, name)), "-") for name in names]
-    ablation_seeds = sorted({s for name, ss, _ in curves if name in ABLATIONS for s in ss})
+    ablation_seeds = sorted({s for name, ss, _ in curves if name in AGAINST_EXGRPO for s in ss})
     for base in ("exgrpo", "grpo"):  # the ablations' partners in the report, on the ablations' seeds
         base_seeds = next((ss for name, ss, _ in curves if name == base), [])
         if ablation_seeds and set(ablation_seeds) < set(base_seeds):
@@ -678,7 +686,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for p in (p_plan, p_run):
         p.add_argument("--only", nargs="*", default=[], help="regime or regime/seed")
         p.add_argument("--work", type=Path, default=REPO / "runs" / "fork_study")
-        p.add_argument("--futures", nargs="*", default=[], choices=(*MAIN_FUTURES, *ABLATIONS),
+        p.add_argument("--futures", nargs="*", default=[], choices=(*MAIN_FUTURES, *AGAINST_EXGRPO),
                        help="run these futures on every seed chosen, whatever the plan gives it")
     p_run.add_argument("--until", default=None, help="HH:MM: start no run (trunk or future) after the next such time")
     p_run.add_argument("--max-seeds", type=int, default=None)

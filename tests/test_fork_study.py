@@ -10,11 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import fork_study as fs  # noqa: E402
+
+from exgrpo.algorithm.config import ExGRPOConfig  # noqa: E402
 
 
 def _steps(n: int, latch_at: int | None = None) -> dict[int, dict[str, float]]:
@@ -41,6 +44,13 @@ def test_futures_switch_only_what_they_name_and_the_aa_future_has_another_rollou
     assert {n: fs.future_overrides(n, 0) for n in fs.ABLATIONS} == {
         "exgrpo_select_random": ["exgrpo.select=random"], "exgrpo_no_shaping": ["exgrpo.shaping=false"],
         "exgrpo_uniform_buckets": ["exgrpo.sigma=1000.0"]}
+    assert {n: fs.future_overrides(n, 0) for n in fs.LONG_ARMS} == {
+        "exgrpo_rho25": ["exgrpo.rho=0.25"], "exgrpo_rho75": ["exgrpo.rho=0.75"],
+        "exgrpo_revisit": ["exgrpo.replay_with_trajectory=false"]}
+    for name in fs.AGAINST_EXGRPO:  # each switch is a key the config knows, at a value it accepts and keeps
+        key, value = fs.future_overrides(name, 0)[0].removeprefix("exgrpo.").split("=")
+        config = ExGRPOConfig.from_dict({key: yaml.safe_load(value)})
+        assert getattr(config, key) == yaml.safe_load(value) != getattr(ExGRPOConfig(), key)
     plan = fs.plan()
     assert [p.name for p in plan] == [f"hard/{s}" for s in range(5)] + [f"headroom/{s}" for s in range(3)]
     assert plan[0].futures == fs.MAIN_FUTURES and plan[3].futures == fs.MAIN_FUTURES + fs.ABLATIONS

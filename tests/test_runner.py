@@ -189,6 +189,19 @@ def test_two_step_smoke_fills_the_pool_replays_and_stays_finite(smoke_root):
     assert f"{summary['acc_before']:.1%} -> {summary['acc_after']:.1%}" in text and "first replay at step 2" in text
 
 
+def test_the_revisit_ablation_draws_pool_questions_with_k_fresh_rollouts_and_no_stored_member(smoke_root):
+    cfg = _smoke_config(smoke_root, "revisit", ("exgrpo.replay_with_trajectory=false", "trainer.plot=false"))
+    pool = ExperiencePool(cfg.exgrpo, seed=cfg.trainer.seed)
+    pool.observe_step_accuracy(1.0)
+    steps = [r for r in _metrics(train(cfg, pool)) if r["step"] > 0 and "loss" in r]
+    assert steps[1]["exgrpo/replay_questions"] == min(16, steps[0]["exgrpo/pool/questions"]) > 0
+    # nothing stored is trained on or scored: every row is a fresh rollout, K per question
+    assert steps[1]["exgrpo/replay_token_share"] == 0 and steps[1]["reward_calls"] == 32 * 4
+    assert steps[1]["replay_reward"] is None and steps[1]["exgrpo/selected_entropy_mean"] is None
+    assert "exgrpo/fresh_acc_replay_groups" in steps[1]  # the revisited groups are counted as replay groups
+    assert math.isfinite(steps[1]["loss"])
+
+
 def test_same_seed_same_run(smoke_root):
     a = _metrics(train(_smoke_config(smoke_root, "a", ("exgrpo.start_acc=0.0", "trainer.plot=false"))))
     b = _metrics(train(_smoke_config(smoke_root, "b", ("exgrpo.start_acc=0.0", "trainer.plot=false"))))

@@ -1,7 +1,8 @@
 """Which questions a step trains on (paper §3.2): fresh ones from the data and replayed ones from the pool.
 
 A step holds B distinct questions, never a retired one; n_replay = min(round(rho * B), pool size) come from the
-pool (K - 1 fresh rollouts each, their stored trajectory completes the group), the rest are fresh (K rollouts
+pool (K - 1 fresh rollouts each, their stored trajectory completes the group; K and no stored member with
+``replay_with_trajectory=false``), the rest are fresh (K rollouts
 each). A fresh question that cannot join the step (already in it, or its group still in flight) is deferred to the
 next draw, never dropped; a retired one is skipped for good. The verl recipe and the CPU runner both compose their
 steps here; each hands :class:`FreshStream` its own supplier of raw items (verl's dataloader, the runner's
@@ -159,6 +160,7 @@ def plan_step(
     return plan
 
 
-def rollout_counts(plan: StepPlan, n_rollouts: int) -> list[int]:
-    """Rollouts per question in submission order: K for fresh, K - 1 for replayed (the stored one is the K-th)."""
-    return [n_rollouts] * len(plan.fresh) + [n_rollouts - 1] * len(plan.replay_qids)
+def rollout_counts(plan: StepPlan, n_rollouts: int, with_trajectory: bool = True) -> list[int]:
+    """Rollouts per question in submission order: K for fresh, K - 1 for replayed (the stored one is the K-th), or K
+    for replayed as well when its group gets no stored member (``replay_with_trajectory=false``)."""
+    return [n_rollouts] * len(plan.fresh) + [n_rollouts - int(with_trajectory)] * len(plan.replay_qids)

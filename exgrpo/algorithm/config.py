@@ -62,6 +62,12 @@ class ExGRPOConfig:
         metadata={"help": "Use f(w) = w / (w + beta) on replayed tokens. False replays with the plain "
                   "importance ratio w (ablation)."},
     )
+    replay_with_trajectory: bool = field(
+        default=True,
+        metadata={"help": "A replayed question's group is K - 1 fresh rollouts plus its stored trajectory. False "
+                  "gives it K fresh rollouts and no stored member (ablation): the question is revisited, its "
+                  "experience is not replayed, which separates what the revisit does from what the trajectory adds."},
+    )
     max_per_question: int | str | None = field(
         default=None,
         metadata={"help": "Most trajectories kept per question (newest kept); None means K; >= 1; 'all' keeps "
@@ -142,7 +148,7 @@ class ExGRPOConfig:
                 fail(name, "must be an integer")
             return value
 
-        for name in ("enable", "shaping", "clip_fresh_after_start", "retire_before_start", "collect_on_start_step",
+        for name in ("enable", "shaping", "replay_with_trajectory", "clip_fresh_after_start", "retire_before_start", "collect_on_start_step",
                      "rebucket_unsolved"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "must be true or false")

@@ -390,20 +390,21 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
         budget_left = math.inf if tc.fresh_question_budget is None else tc.fresh_question_budget - stream.consumed
         plan = plan_step(tc.batch_size, xc, pool, stream, fresh_budget=budget_left)
         fresh, replay = [item.row for item in plan.fresh], plan.replay_qids
-        scorer = entropy_scorer(model, prompt_ids, replay, tc.temperature, pad)
-        members = choose_members(pool, replay, xc.select, scorer, score_single=True) if replay else []
+        with_member = replay if xc.replay_with_trajectory else []  # the revisit ablation stores no member
+        scorer = entropy_scorer(model, prompt_ids, with_member, tc.temperature, pad)
+        members = choose_members(pool, with_member, xc.select, scorer, score_single=True) if with_member else []
         chosen = [m.trajectory for m in members]
         chosen_entropy = [m.entropy for m in members if m.entropy is not None]
-        # 2. rollouts: K per fresh question, K - 1 per replay question, then the stored trajectory
-        groups = [(q.qid, K) for q in fresh] + [(qid, K - 1) for qid in replay]
+        # 2. rollouts: K per fresh question, K - 1 per replay question, then the stored trajectory (or K and none)
+        groups = [(q.qid, K) for q in fresh] + [(qid, K - int(xc.replay_with_trajectory)) for qid in replay]
         row_qids = [qid for qid, n in groups for _ in range(n)]
         prompts = torch.stack([prompt_ids[qid] for qid in row_qids])
         model.eval()
         responses = tm.generate(model, prompts, cfg.model.max_response_tokens, eos, pad, tc.temperature, gen)
         n_fresh_rows = len(responses)
         responses += [t.token_ids.tolist() for t in chosen]
-        row_qids += list(replay)
-        prompts = torch.cat([prompts, torch.stack([prompt_ids[qid] for qid in replay])]) if replay else prompts
+        row_qids += list(with_member)
+        prompts = torch.cat([prompts, torch.stack([prompt_ids[qid] for qid in with_member])]) if with_member else prompts
         rewards = torch.tensor([score(by_qid[qid].data_source, tokenizer.decode(r, skip_special_tokens=True),
                                       by_qid[qid].ground_truth) for qid, r in zip(row_qids, responses, strict=True)])
         # 3. one forward with gradients; pi_old is its detached output. One update per batch means the
@@ -465,7 +466,7 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
         record = {
             "step": step, "loss": loss.item(), "grad_norm": float(grad_norm), "skipped_update": int(skipped_update),
             **collected, **graded, **plan.metrics(), "fresh_consumed": stream.consumed,
-            "mixed_groups": mixed, "replay_reward": float(rewards[n_fresh_rows:].mean()) if replay else None,
+            "mixed_groups": mixed, "replay_reward": float(rewards[n_fresh_rows:].mean()) if with_member else None,
             "exgrpo/selected_entropy_mean": float(np.mean(chosen_entropy)) if chosen_entropy else None,
             "exgrpo/replayed_age_steps": float(np.mean([step - t.step for t in chosen])) if chosen else None,
             "exgrpo/replay_chosen_beyond_k": share_chosen_beyond_newest(members, K) if members else None,

@@ -71,7 +71,14 @@ class GroupInfo:
     """What the trainer knows about a submitted prompt group (keyed by verl's per-step uid)."""
 
     qid: str
-    is_replay: bool
+    is_replay: bool  # a replay group: K - 1 sessions and a stored member to insert
+    # drawn from the pool but given K fresh rollouts and no member (replay_with_trajectory=false): a fresh group in
+    # every mechanism, a replay group in the metrics (a checkpoint keeps it as fresh: its metrics alone would differ)
+    revisit: bool = False
+
+    @property
+    def from_pool(self) -> bool:
+        return self.is_replay or self.revisit
 
 
 class ExGRPOTrainerMixin(ReplayInsertionMixin, ExGRPOStateMixin):
@@ -219,8 +226,10 @@ class ExGRPOTrainerMixin(ReplayInsertionMixin, ExGRPOStateMixin):
             in_flight=in_flight,
         )
         rows = [item.row for item in plan.fresh] + [self.train_dataset[index[q]] for q in plan.replay_qids]
-        infos = [GroupInfo(item.qid, False) for item in plan.fresh] + [GroupInfo(q, True) for q in plan.replay_qids]
-        self._submit_rows(rows, infos, rollout_counts(plan, n_rollouts))
+        member = self.exgrpo_config.replay_with_trajectory
+        infos = [GroupInfo(item.qid, False) for item in plan.fresh] + [
+            GroupInfo(q, is_replay=member, revisit=not member) for q in plan.replay_qids]
+        self._submit_rows(rows, infos, rollout_counts(plan, n_rollouts, with_trajectory=member))
         self._compose_metrics = {
             **plan.metrics(),
             "exgrpo/in_flight_questions": float(len(in_flight)),
@@ -296,7 +305,7 @@ class ExGRPOTrainerMixin(ReplayInsertionMixin, ExGRPOStateMixin):
         data = tq.kv_batch_get(keys=ordered, partition_id=batch.partition_id, select_fields=["rm_scores"])
         rewards = iter(scalar_reward(t) for t in data["rm_scores"].unbind())
         per_group = {uid: [next(rewards) for _ in sessions] for uid, sessions in groups.items()}
-        replay = [uid for uid, info in self._groups.items() if info.is_replay] if self.exgrpo_enabled else []
+        replay = [uid for uid, info in self._groups.items() if info.from_pool] if self.exgrpo_enabled else []
         config = self.exgrpo_config
         metrics.update(group_outcome_shares(per_group, replay, config.reward_min, config.reward_max))
 
@@ -346,7 +355,7 @@ class ExGRPOTrainerMixin(ReplayInsertionMixin, ExGRPOStateMixin):
         per_group = {uid: [position[k] for _, k in sorted(s.items())] for uid, s in groups.items()}
         fresh_groups = [
             FreshGroup(self._groups[uid].qid, [rewards[i] for i in rows], [responses[i] for i in rows],
-                       [log_probs[i] for i in rows], is_replay=self._groups[uid].is_replay)
+                       [log_probs[i] for i in rows], is_replay=self._groups[uid].from_pool)
             for uid, rows in per_group.items()
         ]
         metrics.update(collect_step(self.pool, self.exgrpo_config, fresh_groups, self.global_steps))

@@ -49,7 +49,9 @@ def workdir(tmp_path_factory) -> Path:
 
 # Keys added to the recipe yaml since the fixtures were recorded, with the default every launch composes: a launch may
 # differ from its fixture by these alone (absent before, this value now).
-ADDED_SINCE: dict[str, object] = {}  # none since the CPU layout and threads (step_profile.py) regenerated them
+# (none between the CPU layout and threads, step_profile.py, regenerating them and the revisit ablation's switch)
+ADDED_SINCE: dict[str, object] = {"exgrpo.replay_with_trajectory": True,
+                                  "actor_rollout_ref.exgrpo.replay_with_trajectory": True}  # the worker's copy
 
 
 def differences(name: str, workdir: Path) -> dict[str, tuple[str, str]]:

@@ -70,6 +70,8 @@ def test_active_pool_replays_round_rho_b_questions_with_k_minus_one_rollouts_non
     assert set(plan.replay_qids) <= {f"q{i}" for i in range(10, 16)}
     assert len(set(plan.qids)) == 6
     assert rollout_counts(plan, K) == [K, K, K, K - 1, K - 1, K - 1]
+    # the revisit ablation (replay_with_trajectory=false): the same questions, each with K rollouts and no member
+    assert rollout_counts(plan, K, with_trajectory=False) == [K] * 6
 
 
 def test_fresh_question_in_the_pool_is_not_also_replayed():

@@ -541,7 +541,26 @@ def test_an_exgrpo_checkpoint_forks_into_grpo_with_replay_off_and_exgrpo_with_it
     assert sorted(exgrpo_submitted[2:]) == [("q0", K - 1), ("q1", K - 1)]  # ... and replay from here on
     assert ExperiencePool.load(pool_file).state_digest() == saved_digest  # the GRPO future left the pool alone
 
-    for manager in (grpo.agent_loop_manager, exgrpo.agent_loop_manager):  # the records the prompts produced
+    def clear(manager) -> None:  # the records the prompts produced
         uids = [s["uid"] for s in manager.submitted]
         keys = [f"{s['uid']}_{i}_0" for s in manager.submitted for i in range(s["n"])]
         tq_cluster.kv_clear(keys=keys + uids, partition_id="train")
+
+    for manager in (grpo.agent_loop_manager, exgrpo.agent_loop_manager):
+        clear(manager)
+
+    # The revisit ablation (replay_with_trajectory=false) draws the same pool questions but gives each K fresh
+    # rollouts and inserts nothing: a whole step trains 16 fresh rollouts, none flagged as replayed.
+    from recipe.exgrpo.records import IS_REPLAY_FIELD
+
+    with open_dict(config):
+        config.exgrpo.replay_with_trajectory = False
+    revisit = future(True, actor_worker)
+    batch, metrics = h.run_step(revisit)
+    revisit_submitted = [(s["qid"], s["n"]) for s in revisit.agent_loop_manager.submitted]
+    assert revisit_submitted[:2] == grpo_submitted[:2] and sorted(revisit_submitted[2:]) == [("q0", K), ("q1", K)]
+    assert len(batch) == 4 * K and metrics["exgrpo/replay_questions"] == 2.0
+    assert metrics.get("exgrpo/inserted", 0.0) == 0.0 and "exgrpo/fresh_acc_replay_groups" in metrics
+    assert fetch(tq_cluster, batch.keys, [IS_REPLAY_FIELD])[IS_REPLAY_FIELD].tolist() == [0] * (4 * K)
+    h.finish_step(revisit, batch)
+    clear(revisit.agent_loop_manager)
