@@ -76,6 +76,11 @@ RESULTS = DEFAULT_RESULTS  # --results replaces it
 # K + 1 accuracy levels); a file without the field ran before it, when a replayed question sat in a k / (K - 1) bucket.
 BUCKET_GRID = "one_grid"
 PRE_GRID = "k_over_group_size"
+# How the task's answers were graded, written into every result file: "number_given" since the commit after fc8ed33
+# (the last number of an answer, or its box, must be the value); a file without the field was graded by math-verify,
+# which credits an answer that restates its question ("65 - 61"), and SmolLM2 learns to restate within five steps.
+GRADER = "number_given"
+PRE_GRADER = "math_verify_expression"
 FORK_BY = 20  # a trunk not latched by then forks at this step
 FUTURE_STEPS = 15
 VAL_SAMPLES = 4  # held-out answers per question, sampled at the rollout temperature
@@ -311,7 +316,7 @@ def summary(item: SeedPlan, run: str, metrics: dict[int, dict[str, float]], over
         "regime": item.regime, "run": run, "seed": item.seed, "about": REGIMES[item.regime].about,
         "command": ["env", *[f"{k}={v}" for k, v in PROFILE_ENV.items()], "bash", "run_scripts/cpu_verl_exgrpo.sh",
                     *overrides],
-        "commit": commit, "wall_s": round(wall_s, 1), "grid": BUCKET_GRID,
+        "commit": commit, "wall_s": round(wall_s, 1), "grid": BUCKET_GRID, "grader": GRADER,
         "finished": dt.datetime.now().isoformat(timespec="seconds"),
         "held_out_questions": {k: int((held["data_source"] == s).sum())
                                for k, s in (("id", rs.ID_SOURCE), ("ood", rs.OOD_SOURCE))},
@@ -707,13 +712,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*__*__seed*.json"))]
         cpus = sorted({r.get("cpu", "?") for r in runs})
         grids = sorted({r.get("grid", PRE_GRID) for r in runs})
+        graders = sorted({r.get("grader", PRE_GRADER) for r in runs})
         where = _from_repo(RESULTS)
         given = [*([f"--results {where}"] if RESULTS != DEFAULT_RESULTS else []), f"--out {_from_repo(args.out)}",
                  *([f"--plots {_from_repo(args.plots)}"] if args.plots is not None else [])]
         header = [f"Written by `python benchmarks/fork_study.py report {' '.join(given)}` at commit "
                   f"{commit}, {dt.date.today().isoformat()}, from {len(runs)} result files in "
                   f"{where} (runs on: "
-                  f"{'; '.join(cpus)}; bucket grid: {', '.join(grids)}).", ""]
+                  f"{'; '.join(cpus)}; bucket grid: {', '.join(grids)}; answers graded by: {', '.join(graders)}).", ""]
         args.out.write_text("\n".join(header) + text + "\n")
         print(text)
         return

@@ -158,6 +158,44 @@ def test_multiple_choice_dispatch_on_data_source():
     assert compute_score("arc_c", "</think> the answer is (3)", "4")["score"] == 0.0
 
 
+@pytest.mark.parametrize(
+    ("response", "gold", "expected"),
+    [
+        ("So 8 + 10 = 18.", "18", 1.0),
+        ("<think>4 + 5 is 9</think>\n\\boxed{387}", "387", 1.0),
+        ("1,234", "1234", 1.0),
+        ("18.0", "18", 1.0),
+        ("18.5", "18", 0.0),
+        ("-3", "-3", 1.0),
+        # the question restated: math-verify's equal expression, no answer here
+        ("The correct answer is 974 - 587.", "387", 0.0),
+        ("77 + 8 =", "85", 0.0),
+        ("\\boxed{974-587}", "387", 0.0),
+        ("\\boxed{387} and then 12", "387", 1.0),  # a box is the commitment, whatever follows it
+    ],
+)
+def test_the_arithmetic_task_is_graded_by_the_number_given_not_an_equal_expression(response, gold, expected):
+    for source in ("synthetic_arith", "synthetic_arith_ood"):
+        assert compute_score(source, response, gold)["score"] == expected, (source, response)
+
+
+def test_math_verify_would_credit_the_restated_question_which_is_why_the_arithmetic_task_is_graded_apart():
+    assert compute_score("math", "The correct answer is 974 - 587.", "387")["score"] == 1.0
+    assert compute_score("synthetic_arith", "The correct answer is 974 - 587.", "387")["score"] == 0.0
+    result = compute_score("synthetic_arith", "5", "five")
+    assert result["score"] == 0.0 and "'five' is not an integer" in result["error"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 999), st.integers(1, 999), st.sampled_from("+-"))
+def test_an_arithmetic_answer_scores_only_when_its_last_number_is_the_value(a, b, op):
+    value = a + b if op == "+" else a - b
+    assert compute_score("synthetic_arith", f"{a} {op} {b} = {value}", str(value))["score"] == 1.0
+    assert compute_score("synthetic_arith", f"\\boxed{{{value}}}", str(value))["score"] == 1.0
+    restated = compute_score("synthetic_arith", f"The answer is {a} {op} {b}.", str(value))["score"]
+    assert restated == float(b == value)  # the last number is b: right only when b is the answer (a + b with a = 0)
+
+
 def test_multiple_choice_bad_ground_truth_is_a_zero_with_reason():
     result = compute_score("gpqa", "\\boxed{A}", "some text")
     assert result["score"] == 0.0 and "ground truth" in result["error"]

@@ -1,4 +1,5 @@
-"""Verifiable reward: math answers via math-verify, multiple choice by option label; verl's ``compute_score``.
+"""Verifiable reward: math answers via math-verify, multiple choice by option label, the synthetic arithmetic task's
+integer answers by value; verl's ``compute_score``.
 
 Only the answer section is graded (the text after ``</think>``), math answers are pre-checked
 (:mod:`exgrpo.verifier.precheck`) and verified in the worker pool (:mod:`exgrpo.verifier.workers`), and every
@@ -134,6 +135,42 @@ def _score_choice(answer: str, ground_truth: str) -> dict[str, Any]:
     return score_result(1.0 if pred == gold else 0.0, pred=pred)
 
 
+# ----------------------------------------------------------------------------------------------- integer answers
+# The synthetic arithmetic task (exgrpo/embedded/task.py: "What is 65 - 61?"), by normalised data_source prefix. Its
+# answer is a number: math-verify would credit "65 - 61", an expression equal to the answer, and the question already
+# holds that expression, so a model that restates the question earns the full reward (SmolLM2 learns it within five
+# steps: at step 5 of a trunk, 172 of the 185 answers math-verify credited restated their question).
+INTEGER_ANSWER_PREFIXES = ("synthetic_arith",)
+_NUMBER_RE = re.compile(r"(?<![\d.,])[-+]?\d{1,3}(?:,\d{3})+(?![\d,])(?:\.\d+)?|(?<![\d.,])[-+]?\d+(?:\.\d+)?")
+
+
+def has_integer_answer(data_source: str) -> bool:
+    """Whether ``data_source`` is graded as an integer answer (the synthetic arithmetic task), not by math-verify."""
+    return _normalised_source(data_source).startswith(INTEGER_ANSWER_PREFIXES)
+
+
+def extract_number(text: str) -> str | None:
+    """The number a response commits to: its last ``\\boxed{}`` when it has one (which must then hold a number and
+    nothing else), else the last number written in it ("So 8 + 10 = 18." gives 18; "The answer is 65 - 61." 61)."""
+    boxes = boxed_contents(text)
+    if boxes:
+        inner = boxes[-1].strip()
+        return inner if _NUMBER_RE.fullmatch(inner) else None
+    numbers = _NUMBER_RE.findall(text[-20000:])
+    return numbers[-1] if numbers else None
+
+
+def _score_integer(answer: str, ground_truth: str | int | float) -> dict[str, Any]:
+    gold = str(ground_truth).strip()
+    if not re.fullmatch(r"[-+]?\d+", gold):
+        return score_result(error=f"integer ground truth {ground_truth!r} is not an integer")
+    pred = extract_number(answer)
+    if pred is None:
+        return score_result(error="no number found (a box must hold a number alone)")
+    value = float(pred.replace(",", ""))
+    return score_result(1.0 if value == int(gold) else 0.0, pred=pred)
+
+
 # ----------------------------------------------------------------------------------------------- entry points
 def unwrap_ground_truth(value: Any) -> Any:
     """The ground truth as verl hands it over, unwrapped: a numpy scalar or array becomes Python values, and a
@@ -176,6 +213,8 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
             return score_result(error=f"grader {grader!r} is unknown (use 'ours' or 'paper')")
         if is_multiple_choice(data_source):
             return _score_choice(answer, str(ground_truth))
+        if has_integer_answer(data_source):
+            return _score_integer(answer, ground_truth)
         _warn_unknown_source(data_source)
         precheck = bool(kwargs.get("precheck", True))
         if precheck:
