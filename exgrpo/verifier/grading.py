@@ -139,7 +139,7 @@ def _score_choice(answer: str, ground_truth: str) -> dict[str, Any]:
 # The synthetic arithmetic task (exgrpo/embedded/task.py: "What is 65 - 61?"), by normalised data_source prefix. Its
 # answer is a number: math-verify would credit "65 - 61", an expression equal to the answer, and the question already
 # holds that expression, so a model that restates the question earns the full reward (SmolLM2 learns it within five
-# steps: at step 5 of a trunk, 172 of the 185 answers math-verify credited restated their question).
+# steps: at step 5 of a trunk, 172 of the 185 answers math-verify credited wrote an expression and no result).
 INTEGER_ANSWER_PREFIXES = ("synthetic_arith",)
 _NUMBER_RE = re.compile(r"(?<![\d.,])[-+]?\d{1,3}(?:,\d{3})+(?![\d,])(?:\.\d+)?|(?<![\d.,])[-+]?\d+(?:\.\d+)?")
 
