@@ -43,6 +43,7 @@ Usage::
 
     python benchmarks/fork_study.py plan
     python benchmarks/fork_study.py run [--only hard/0] [--until 18:00]   # seeds in plan order, no run after 18:00
+    python benchmarks/fork_study.py run --only headroom/0 --futures grpo --future-steps 60 --results DIR  # a long one
     python benchmarks/fork_study.py report [--plots benchmarks]
 """
 
@@ -141,6 +142,7 @@ class SeedPlan:
     regime: str
     seed: int
     chosen: tuple[str, ...] = ()  # ``--futures``: these futures of any seed instead of the plan's
+    future_steps: int = FUTURE_STEPS  # ``--future-steps``: a longer future (the report reads FUTURE_STEPS only)
 
     @property
     def futures(self) -> tuple[str, ...]:
@@ -278,7 +280,7 @@ def run_future(item: SeedPlan, name: str, trunk: dict[str, Any], work: Path, env
     subprocess.run(["cp", "-al", str(source), str(folder / source.name)], check=True)
     (folder / "latest_checkpointed_iteration.txt").write_text(str(fork))
     overrides = [*_seed_overrides(item), *future_overrides(name, item.seed),
-                 f"trainer.total_training_steps={fork + FUTURE_STEPS}", "trainer.save_freq=1000",
+                 f"trainer.total_training_steps={fork + item.future_steps}", "trainer.save_freq=1000",
                  f"trainer.test_freq={FUTURE_TEST_FREQ}",
                  "trainer.val_before_train=true", f"trainer.validation_data_dir={folder / 'val_generations'}"]
     print(f"[fork] {item.name}: {name} from step {fork}", flush=True)
@@ -290,14 +292,14 @@ def run_future(item: SeedPlan, name: str, trunk: dict[str, Any], work: Path, env
         steps = [s for s, v in rs.read_metrics(folder).items() if "timing_s/step" in v]
         if steps and max(steps) > seen:
             seen = max(steps)
-            print(f"[fork] {item.name}: {name} step {seen}/{fork + FUTURE_STEPS}", flush=True)
+            print(f"[fork] {item.name}: {name} step {seen}/{fork + item.future_steps}", flush=True)
     metrics = rs.read_metrics(folder)
-    if proc.returncode or rs.last_step(metrics) < fork + FUTURE_STEPS:
+    if proc.returncode or rs.last_step(metrics) < fork + item.future_steps:
         tail = "\n".join((folder / "run.log").read_text(errors="replace").splitlines()[-15:])
         raise SystemExit(f"[fork] {item.name}: {name} failed (exit {proc.returncode}); last lines:\n{tail}")
     for step_dir in folder.glob("global_step_*"):  # weights are not kept; the metrics are
         shutil.rmtree(step_dir, ignore_errors=True)
-    return {"kind": "future", "trunk_id": trunk["trunk_id"], "fork_step": fork,
+    return {"kind": "future", "trunk_id": trunk["trunk_id"], "fork_step": fork, "future_steps": item.future_steps,
             **summary(item, name, metrics, overrides, time.perf_counter() - start, work, commit)}
 
 
@@ -397,6 +399,9 @@ def load(regime: str) -> dict[int, dict[str, dict[str, Any]]]:
     out: dict[int, dict[str, dict[str, Any]]] = {}
     for path in sorted(RESULTS.glob(f"{regime}__*.json")):
         data = json.loads(path.read_text())
+        if data.get("future_steps", FUTURE_STEPS) != FUTURE_STEPS:
+            raise SystemExit(f"fork_study report: {path} is a future of {data['future_steps']} steps; the report "
+                             f"compares futures of {FUTURE_STEPS} (read a long future's file directly)")
         out.setdefault(int(data["seed"]), {})[data["run"]] = data
     for seed, runs in out.items():
         trunk_id = runs.get("trunk", {}).get("trunk_id")
@@ -693,6 +698,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.add_argument("--work", type=Path, default=REPO / "runs" / "fork_study")
         p.add_argument("--futures", nargs="*", default=[], choices=(*MAIN_FUTURES, *AGAINST_EXGRPO),
                        help="run these futures on every seed chosen, whatever the plan gives it")
+        p.add_argument("--future-steps", type=int, default=FUTURE_STEPS,
+                       help=f"steps of each future after the fork (default {FUTURE_STEPS}; the report compares "
+                            f"{FUTURE_STEPS}-step futures only)")
     p_run.add_argument("--until", default=None, help="HH:MM: start no run (trunk or future) after the next such time")
     p_run.add_argument("--max-seeds", type=int, default=None)
     p_report.add_argument("--plots", type=Path, default=None)
@@ -723,7 +731,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.out.write_text("\n".join(header) + text + "\n")
         print(text)
         return
-    items = [dataclasses.replace(i, chosen=tuple(args.futures)) for i in plan()
+    if args.future_steps < 1:
+        parser.error(f"--future-steps {args.future_steps}: must be >= 1")
+    items = [dataclasses.replace(i, chosen=tuple(args.futures), future_steps=args.future_steps) for i in plan()
              if not args.only or i.regime in args.only or i.name in args.only]
     if args.command == "plan":
         for item in items:

@@ -301,3 +301,38 @@ def test_the_plot_draws_the_ablations_partners_again_on_the_ablations_seeds(tmp_
     assert drawn[("exgrpo (seeds 1, 2)", "--")].get_ydata()[-1] == pytest.approx(25.0)
     assert {(line.get_label(), line.get_linestyle()) for line in bottom.get_lines()} == {
         *drawn, ("grpo (seeds 0-2)", "-"), ("grpo (seeds 1, 2)", "--")}
+
+
+def test_a_longer_future_trains_its_steps_and_says_so_and_the_report_refuses_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(fs, "RESULTS", tmp_path / "results")
+    item = fs.SeedPlan("headroom", 0, ("grpo",), future_steps=60)
+    trunk = {"trunk_id": "t1", "fork_step": 17}
+    work = tmp_path / "work"
+    item.fork_checkpoint(work, trunk).mkdir(parents=True)
+    launched: list[list[str]] = []
+
+    class Finished:
+        returncode = 0
+
+        def poll(self) -> int:
+            return 0
+
+    def launch(folder: Path, overrides: list[str], env: dict[str, str], log: Path) -> Finished:
+        log.write_text("the run's last line\n")
+        launched.append(overrides)
+        return Finished()
+
+    monkeypatch.setattr(fs, "_launch", launch)
+    monkeypatch.setattr(fs.rs, "read_metrics", lambda folder: {s: {"timing_s/step": 1.0} for s in range(18, 78)})
+    monkeypatch.setattr(fs, "summary", lambda *a: {"run": "grpo", "seed": 0})
+    result = fs.run_future(item, "grpo", trunk, work, {})
+    assert "trainer.total_training_steps=77" in launched[0] and result["future_steps"] == 60
+    (tmp_path / "results").mkdir()
+    fs.write(item.result("grpo"), {**result, "regime": "headroom", "trunk_id": "t1"})
+    with pytest.raises(SystemExit, match="a future of 60 steps; the report compares futures of 15"):
+        fs.load("headroom")
+    monkeypatch.setattr(fs.rs, "read_metrics", lambda folder: {s: {"timing_s/step": 1.0} for s in range(18, 33)})
+    with pytest.raises(SystemExit, match="grpo failed"):  # stopped at the default's 15 steps: not a 60-step future
+        fs.run_future(item, "grpo", trunk, work, {})
+    with pytest.raises(SystemExit):
+        fs.main(["plan", "--future-steps", "0"])
