@@ -53,7 +53,8 @@ def summarise(groups: list[list[tuple[float, float]]]) -> dict[str, float]:
     out: dict[str, float] = {"answers": len(flat), "groups": len(groups)}
     for i, name in enumerate(("math_verify", "number")):
         out[f"acc_{name}"] = statistics.fmean(p[i] for p in flat) if flat else float("nan")
-        out[f"all_wrong_{name}"] = statistics.fmean(all(p[i] == 0 for p in g) for g in groups) if groups else float("nan")
+        all_wrong = [all(p[i] == 0 for p in g) for g in groups]
+        out[f"all_wrong_{name}"] = statistics.fmean(all_wrong) if all_wrong else float("nan")
     out["credited_by_math_verify_only"] = sum(p[0] == 1 and p[1] == 0 for p in flat)
     out["credited_by_math_verify"] = sum(p[0] == 1 for p in flat)
     return out

@@ -148,8 +148,8 @@ class ExGRPOConfig:
                 fail(name, "must be an integer")
             return value
 
-        for name in ("enable", "shaping", "replay_with_trajectory", "clip_fresh_after_start", "retire_before_start", "collect_on_start_step",
-                     "rebucket_unsolved"):
+        for name in ("enable", "shaping", "replay_with_trajectory", "clip_fresh_after_start", "retire_before_start",
+                     "collect_on_start_step", "rebucket_unsolved"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "must be true or false")
         for name in ("rho", "start_acc", "mu"):

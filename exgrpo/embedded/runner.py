@@ -404,7 +404,8 @@ def train(cfg: RunConfig, pool: ExperiencePool | None = None) -> dict[str, Any]:
         n_fresh_rows = len(responses)
         responses += [t.token_ids.tolist() for t in chosen]
         row_qids += list(with_member)
-        prompts = torch.cat([prompts, torch.stack([prompt_ids[qid] for qid in with_member])]) if with_member else prompts
+        if with_member:
+            prompts = torch.cat([prompts, torch.stack([prompt_ids[qid] for qid in with_member])])
         rewards = torch.tensor([score(by_qid[qid].data_source, tokenizer.decode(r, skip_special_tokens=True),
                                       by_qid[qid].ground_truth) for qid, r in zip(row_qids, responses, strict=True)])
         # 3. one forward with gradients; pi_old is its detached output. One update per batch means the
