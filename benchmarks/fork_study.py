@@ -77,7 +77,7 @@ RESULTS = DEFAULT_RESULTS  # --results replaces it
 # K + 1 accuracy levels); a file without the field ran before it, when a replayed question sat in a k / (K - 1) bucket.
 BUCKET_GRID = "one_grid"
 PRE_GRID = "k_over_group_size"
-# How the task's answers were graded, written into every result file: "number_given" since the commit after fc8ed33
+# How the task's answers were graded, written into every result file: "number_given" since commit e1cfe26
 # (the last number of an answer, or its box, must be the value); a file without the field was graded by math-verify,
 # which credits an answer that restates its question ("65 - 61"), and SmolLM2 learns to restate within five steps.
 GRADER = "number_given"

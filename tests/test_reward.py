@@ -167,6 +167,7 @@ def test_multiple_choice_dispatch_on_data_source():
         ("18.0", "18", 1.0),
         ("18.5", "18", 0.0),
         ("-3", "-3", 1.0),
+        ("٣", "3", 0.0),  # ASCII digits only, as the graded reward reads its boxes
         # the question restated: math-verify's equal expression, no answer here
         ("The correct answer is 974 - 587.", "387", 0.0),
         ("77 + 8 =", "85", 0.0),

@@ -44,7 +44,6 @@ reward can actually produce (bound a raw reward-model score first); the pool ski
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 if __package__ != "exgrpo.verifier":  # loaded by file path (verl's custom_reward_function): find the package
@@ -61,16 +60,7 @@ FORMAT_CREDIT = 0.1  # a box with something in it: the format is right, the answ
 CLOSENESS_WEIGHT = 0.4
 DIGITS_WEIGHT = 0.4
 CLOSENESS_SCALE_FLOOR = 10  # |t| below this would make every miss on a one-digit answer "very far"
-_INTEGER_RE = re.compile(r"\s*([+-]?)\s*([0-9]+)\s*")  # ASCII digits: int() would also read "٣"
-
-
-def parse_integer(text: str) -> int | None:
-    """The integer a box holds (``81``, ``-7``, `` +081 ``), or None: anything else is not a numeric answer here."""
-    match = _INTEGER_RE.fullmatch(text)
-    if match is None:
-        return None
-    value = int(match.group(2))
-    return -value if match.group(1) == "-" else value
+parse_integer = shared.parse_integer  # the integer a box holds, or None: anything else is not a numeric answer here
 
 
 def closeness(answer: int, truth: int) -> float:

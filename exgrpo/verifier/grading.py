@@ -28,6 +28,7 @@ from exgrpo.verifier.precheck import precheck_text
 from exgrpo.verifier.shared import (
     boxed_contents,
     closing_brace,  # noqa: F401 - still importable from here, as before
+    parse_integer,
     score_result,
 )
 from exgrpo.verifier.workers import DEFAULT_QUEUE_TIMEOUT_S, DEFAULT_TIMEOUT_S, get_pool
@@ -141,7 +142,9 @@ def _score_choice(answer: str, ground_truth: str) -> dict[str, Any]:
 # holds that expression, so a model that restates the question earns the full reward (SmolLM2 learns it within five
 # steps: at step 5 of a trunk, 172 of the 185 answers math-verify credited wrote an expression and no result).
 INTEGER_ANSWER_PREFIXES = ("synthetic_arith",)
-_NUMBER_RE = re.compile(r"(?<![\d.,])[-+]?\d{1,3}(?:,\d{3})+(?![\d,])(?:\.\d+)?|(?<![\d.,])[-+]?\d+(?:\.\d+)?")
+# ASCII digits, as the graded reward reads its boxes (parse_integer): "٣" is no number here
+_NUMBER_RE = re.compile(r"(?<![0-9.,])[-+]?[0-9]{1,3}(?:,[0-9]{3})+(?![0-9,])(?:\.[0-9]+)?"  # 1,234 (.5)
+                        r"|(?<![0-9.,])[-+]?[0-9]+(?:\.[0-9]+)?")  # 1234 (.5)
 
 
 def has_integer_answer(data_source: str) -> bool:
@@ -161,14 +164,13 @@ def extract_number(text: str) -> str | None:
 
 
 def _score_integer(answer: str, ground_truth: str | int | float) -> dict[str, Any]:
-    gold = str(ground_truth).strip()
-    if not re.fullmatch(r"[-+]?\d+", gold):
+    gold = parse_integer(str(ground_truth))
+    if gold is None:
         return score_result(error=f"integer ground truth {ground_truth!r} is not an integer")
     pred = extract_number(answer)
     if pred is None:
         return score_result(error="no number found (a box must hold a number alone)")
-    value = float(pred.replace(",", ""))
-    return score_result(1.0 if value == int(gold) else 0.0, pred=pred)
+    return score_result(1.0 if float(pred.replace(",", "")) == gold else 0.0, pred=pred)
 
 
 # ----------------------------------------------------------------------------------------------- entry points

@@ -14,6 +14,17 @@ from typing import Any
 PRED_CHARS = 200  # diagnostic "pred" is clipped: it ends up in verl's per-sample metrics arrays
 
 RESULT_KEYS = ("score", "acc", "pred", "timeout", "error")
+_INTEGER_RE = re.compile(r"\s*([+-]?)\s*([0-9]+)\s*")  # ASCII digits: int() would also read "٣"
+
+
+def parse_integer(text: str) -> int | None:
+    """The integer a text holds alone (``81``, ``-7``, `` +081 ``), or None: the synthetic task's ground truths and the
+    graded reward's boxes are read by this one rule."""
+    match = _INTEGER_RE.fullmatch(text)
+    if match is None:
+        return None
+    value = int(match.group(2))
+    return -value if match.group(1) == "-" else value
 
 
 def score_result(score: float = 0.0, pred: str = "", timeout: bool = False, error: str = "") -> dict[str, Any]:
