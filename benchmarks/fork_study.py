@@ -10,7 +10,7 @@ at step 1. Here every seed has one history and several futures:
   of the **fork step** is written: the last step before the first replay, the latch step + 1 (collection starts
   there, the first replay is drawn a step later). A trunk that has not latched by ``FORK_BY`` forks there instead,
   which its result file says.
-- the **futures**, ``FUTURE_STEPS`` steps each from that one checkpoint (hard-linked into a folder of its own):
+- the **futures**, ``FUTURE_STEPS`` steps each (``--future-steps``) from that one checkpoint (hard-linked into a folder of its own):
   ``exgrpo`` (replay on), ``grpo`` (``exgrpo.enable=false``: the pool stays on disk, unread), ``grpo_aa`` (GRPO again
   with another rollout seed: what noise alone does after the fork), and for the ablation seeds of the hard regime
   the paper's ablations ``exgrpo_select_random`` (a random stored trajectory), ``exgrpo_no_shaping`` (the plain
@@ -90,7 +90,8 @@ TRUNK_TEST_FREQ = 5
 # between the validations around them (a sampled validation costs more than a training step here: ~55 s vs ~45 s)
 FUTURE_TEST_FREQ = 5
 PROFILE_ENV = {"EXGRPO_PROFILE": "paper", "MAX_PROMPT_LENGTH": "64", "MAX_RESPONSE_LENGTH": "32", "CKPT_KEEP": "2"}
-COMMON = ["actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+ROLLOUTS = 8  # K: rollouts per question
+COMMON = [f"actor_rollout_ref.rollout.n={ROLLOUTS}", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
           "reward.custom_reward_function.reward_kwargs.strict_format=false",
           # held-out accuracy as the policy's expected reward: sampled at the rollout temperature, not greedy
           "actor_rollout_ref.rollout.val_kwargs.temperature=1.0", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
@@ -142,7 +143,7 @@ class SeedPlan:
     regime: str
     seed: int
     chosen: tuple[str, ...] = ()  # ``--futures``: these futures of any seed instead of the plan's
-    future_steps: int = FUTURE_STEPS  # ``--future-steps``: a longer future (the report reads FUTURE_STEPS only)
+    future_steps: int = FUTURE_STEPS  # ``--future-steps``: a longer future (its file says so; see future_length)
 
     @property
     def futures(self) -> tuple[str, ...]:
@@ -395,18 +396,44 @@ def deadline_of(until: str | None) -> dt.datetime | None:
 
 # ---------------------------------------------------------------------------------------------------- report
 def load(regime: str) -> dict[int, dict[str, dict[str, Any]]]:
-    """seed -> run -> result, keeping only futures of the seed's trunk."""
+    """seed -> run -> result, keeping only futures of the seed's trunk. The futures of a regime must all be of one
+    length (``future_length``): a report compares them at the same steps after the fork."""
     out: dict[int, dict[str, dict[str, Any]]] = {}
+    lengths: dict[int, list[str]] = {}
     for path in sorted(RESULTS.glob(f"{regime}__*.json")):
         data = json.loads(path.read_text())
-        if data.get("future_steps", FUTURE_STEPS) != FUTURE_STEPS:
-            raise SystemExit(f"fork_study report: {path} is a future of {data['future_steps']} steps; the report "
-                             f"compares futures of {FUTURE_STEPS} (read a long future's file directly)")
+        if data["run"] != "trunk":
+            lengths.setdefault(int(data.get("future_steps", FUTURE_STEPS)), []).append(path.name)
         out.setdefault(int(data["seed"]), {})[data["run"]] = data
+    if len(lengths) > 1:
+        raise SystemExit(f"fork_study report: {RESULTS} holds futures of {' and '.join(map(str, sorted(lengths)))} "
+                         f"steps in regime {regime} (" + "; ".join(f"{n}: {', '.join(files)}" for n, files
+                                                                  in sorted(lengths.items()))
+                         + "): keep one length per --results folder")
     for seed, runs in out.items():
         trunk_id = runs.get("trunk", {}).get("trunk_id")
         out[seed] = {k: v for k, v in runs.items() if v.get("trunk_id") == trunk_id}
     return out
+
+
+def future_length(seeds: dict[int, dict[str, dict[str, Any]]]) -> int:
+    """Steps of the regime's futures after the fork (one length: ``load`` refuses a mix); a file written before
+    ``--future-steps`` existed ran the default."""
+    return next((int(r.get("future_steps", FUTURE_STEPS)) for runs in seeds.values() for n, r in runs.items()
+                 if n != "trunk"), FUTURE_STEPS)
+
+
+def offsets(length: int) -> tuple[int, ...]:
+    """The steps after the fork the per-step table reads: the fork and each third of the future (+5, +10, +15 of a
+    15-step future; +20, +40, +60 of a 60-step one)."""
+    return tuple(round(length * i / 3) for i in range(4))
+
+
+def windows(length: int) -> list[tuple[int, int]]:
+    """The future's thirds, as (first, last) steps after the fork: what 'over time' averages the per-step metrics
+    over (a step's metrics are noisy; a third is five steps of a 15-step future)."""
+    cuts = offsets(length)
+    return [(a + 1, b) for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
 def on_line(points: list[tuple[float, float]], x: float) -> float | None:
@@ -429,7 +456,6 @@ def gap(a: dict[str, Any], b: dict[str, Any], step: int, kind: str) -> float | N
     return None if x is None or y is None else x - y
 
 
-OFFSETS = (0, 5, 10, FUTURE_STEPS)
 # (metric, column, scale). Entropy per response token: verl's actor/entropy is aggregated with the loss (the paper
 # profile sums each sequence's tokens), so it moves with the response length, shown beside it
 STABILITY = (("exgrpo/groups_zero_variance", "zero-variance groups", 100.0, 1),
@@ -438,10 +464,11 @@ STABILITY = (("exgrpo/groups_zero_variance", "zero-variance groups", 100.0, 1),
              ("actor/grad_norm", "gradient norm", 1.0, 1))
 
 
-def post_fork_mean(a: dict[str, Any], b: dict[str, Any], fork: int, kind: str) -> float | None:
-    """The paired difference averaged over the fixed points after the fork (+5, +10, +15): one number per seed
-    from three validations, less noisy than any one of them."""
-    d = [g for o in OFFSETS[1:] if (g := gap(a, b, fork + o, kind)) is not None]
+def post_fork_mean(a: dict[str, Any], b: dict[str, Any], fork: int, kind: str, length: int = FUTURE_STEPS
+                   ) -> float | None:
+    """The paired difference averaged over the fixed points after the fork (``offsets``: +5, +10, +15 of a 15-step
+    future): one number per seed from three validations, less noisy than any one of them."""
+    d = [g for o in offsets(length)[1:] if (g := gap(a, b, fork + o, kind)) is not None]
     return statistics.fmean(d) if d else None
 
 
@@ -455,11 +482,46 @@ def fresh_consumed(result: dict[str, Any], fork: int, batch_questions: int) -> d
     return out
 
 
+def rollouts(result: dict[str, Any]) -> int:
+    """K, as the run's command set it (ROLLOUTS for a file without one)."""
+    given = [a.split("=", 1)[1] for a in result.get("command", []) if a.startswith("actor_rollout_ref.rollout.n=")]
+    return int(given[-1]) if given else ROLLOUTS
+
+
+def tokens_generated(result: dict[str, Any], fork: int, batch_questions: int) -> dict[int, float]:
+    """Response tokens a future has generated since the fork, after each of its steps (0 at the fork). A step's batch
+    holds ``batch_questions`` groups of K responses, replayed ones among them; verl logs their mean length and the
+    loss logs the replayed tokens' share (``actor/exgrpo/replay_token_share``, 0 without replay), so a step generated
+    mean length x rows x (1 - share). What the rollout engine generated and the update dropped (none in these
+    runs: ``exgrpo/deferred_fresh`` is 0) is not counted."""
+    rows = batch_questions * rollouts(result)
+    out, total = {fork: 0.0}, 0.0
+    for step in sorted(int(s) for s in result["steps"] if int(s) > fork):
+        values = result["steps"][str(step)]
+        if "response_length/mean" not in values:
+            return out  # a file without lengths: no per-token reading past this step
+        total += values["response_length/mean"] * rows * (1.0 - values.get("actor/exgrpo/replay_token_share", 0.0))
+        out[step] = total
+    return out
+
+
 def fresh_points(result: dict[str, Any], fork: int, batch_questions: int, kind: str) -> list[tuple[float, float]]:
     """(fresh questions drawn since the fork, held-out accuracy) at each of the future's validations."""
     used = fresh_consumed(result, fork, batch_questions)
     return sorted((used[s], v[kind]) for s_, v in result["val"].items()
                   if (s := int(s_)) in used and v.get(kind) is not None)
+
+
+def token_points(result: dict[str, Any], fork: int, batch_questions: int, kind: str) -> list[tuple[float, float]]:
+    """(tokens generated since the fork, held-out accuracy) at each of the future's validations."""
+    used = tokens_generated(result, fork, batch_questions)
+    return sorted((used[s], v[kind]) for s_, v in result["val"].items()
+                  if (s := int(s_)) in used and v.get(kind) is not None)
+
+
+def seed_at_tokens(runs: dict[str, dict[str, Any]], name: str, target: float, kind: str) -> float | None:
+    """Held-out accuracy of one future once it has generated ``target`` tokens since the fork (None short of it)."""
+    return on_line(token_points(runs[name], runs["trunk"]["fork_step"], batch_questions(runs["trunk"]), kind), target)
 
 
 def accuracy_at_fresh(result: dict[str, Any], fork: int, batch_questions: int, target: float, kind: str
@@ -500,8 +562,11 @@ def batch_questions(trunk: dict[str, Any]) -> int:
     return int(first["exgrpo/fresh_questions"] + first.get("exgrpo/replay_questions", 0))
 
 
-def post_fork_level(result: dict[str, Any], fork: int, key: str) -> float | None:
-    values = [v[key] for s, v in result["steps"].items() if int(s) > fork and key in v]
+def post_fork_level(result: dict[str, Any], fork: int, key: str, window: tuple[int, int] | None = None
+                    ) -> float | None:
+    """A per-step metric averaged over the future (or over ``window``: first and last step after the fork)."""
+    first, last = window or (1, 10**9)
+    values = [v[key] for s, v in result["steps"].items() if first <= int(s) - fork <= last and key in v]
     return statistics.fmean(values) if values else None
 
 
@@ -528,7 +593,9 @@ def report(plots: Path | None) -> str:
             continue
         names = [n for n in (*spec.futures, *AGAINST_EXGRPO) if n != "grpo" and any(n in r and "grpo" in r
                                                                                for r in seeds.values())]
-        lines += [f"### `{regime}`: {spec.about}", ""]
+        length = future_length(seeds)
+        offs = offsets(length)
+        lines += [f"### `{regime}`: {spec.about}", "", f"Futures of {length} steps after the fork.", ""]
         forks = ", ".join(f"{s}: {r['trunk']['fork_step']} ({r['trunk']['fork_reason']})"
                           for s, r in sorted(seeds.items()) if "trunk" in r)
         lines += [f"Fork step per seed: {forks}.", "",
@@ -537,8 +604,8 @@ def report(plots: Path | None) -> str:
                   "from the fork (+0: the fork's own checkpoint, the same weights in every future, so +0 shows the "
                   f"measurement's own noise; +5 and +10 lie between the validations around them, taken every "
                   f"{FUTURE_TEST_FREQ} global steps); 'mean': each seed's difference averaged over "
-                  + ", ".join(f"+{o}" for o in OFFSETS[1:]) + ".", ""]
-        heads = [f"+{o}" for o in OFFSETS] + ["mean"]
+                  + ", ".join(f"+{o}" for o in offs[1:]) + ".", ""]
+        heads = [f"+{o}" for o in offs] + ["mean"]
         lines.append("| future − GRPO | n | " + " | ".join(f"ID {h}" for h in heads) + " | "
                      + " | ".join(f"OOD {h}" for h in heads) + " |")
         lines.append("|---|---:|" + "---:|" * (2 * len(heads)))
@@ -546,11 +613,11 @@ def report(plots: Path | None) -> str:
             paired = [r for r in seeds.values() if name in r and "grpo" in r]
             cells = []
             for kind in ("id", "ood"):
-                for o in OFFSETS:
+                for o in offs:
                     cells.append(_cell([g for r in paired if (g := gap(r[name], r["grpo"], r["trunk"]["fork_step"] + o,
                                                                         kind)) is not None]))
                 cells.append(_cell([g for r in paired if (g := post_fork_mean(r[name], r["grpo"],
-                                                                               r["trunk"]["fork_step"], kind))
+                                                                               r["trunk"]["fork_step"], kind, length))
                                     is not None]))
             lines.append(f"| {_label(name)} | {len(paired)} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -558,9 +625,9 @@ def report(plots: Path | None) -> str:
         with_exgrpo = list(paired_seeds(seeds, "exgrpo").values())
         if with_exgrpo:
             target = min(fresh_consumed(r["exgrpo"], r["trunk"]["fork_step"], batch_questions(r["trunk"]))
-                         [r["trunk"]["fork_step"] + FUTURE_STEPS] for r in with_exgrpo)
+                         [r["trunk"]["fork_step"] + length] for r in with_exgrpo)
             lines += [f"**Per fresh question.** Held-out accuracy once each future has drawn {target:.0f} fresh "
-                      f"questions after the fork (what ExGRPO draws in {FUTURE_STEPS} steps; GRPO, drawing a whole "
+                      f"questions after the fork (what ExGRPO draws in {length} steps; GRPO, drawing a whole "
                       "batch a step, gets there in fewer steps), and the difference to GRPO at that point.", "",
                       "| future | n | ID | ID − GRPO | OOD | OOD − GRPO |", "|---|---:|---:|---:|---:|---:|"]
             for name in ("grpo", *names):
@@ -579,7 +646,7 @@ def report(plots: Path | None) -> str:
             if ablations:
                 lines += ["**The ablations against ExGRPO.** ExGRPO − ablation on the same fork, in points: what "
                           "removing the part costs (above zero: the part helped), per training step (each seed's "
-                          "difference averaged over " + ", ".join(f"+{o}" for o in OFFSETS[1:]) + ") and per fresh "
+                          "difference averaged over " + ", ".join(f"+{o}" for o in offs[1:]) + ") and per fresh "
                           f"question (after {target:.0f}).", "",
                           "| ExGRPO − ablation | n | ID per step | ID per fresh question | OOD per step "
                           "| OOD per fresh question |", "|---|---:|---:|---:|---:|---:|"]
@@ -588,14 +655,16 @@ def report(plots: Path | None) -> str:
                     cells = []
                     for kind in ("id", "ood"):
                         cells.append(_cell([g for r in runs if (g := post_fork_mean(r["exgrpo"], r[name],
-                                                                                    r["trunk"]["fork_step"], kind))
+                                                                                    r["trunk"]["fork_step"], kind,
+                                                                                    length))
                                             is not None]))
                         at = [(seed_at_fresh(r, "exgrpo", target, kind), seed_at_fresh(r, name, target, kind))
                               for r in runs]
                         cells.append(_cell([a - b for a, b in at if a is not None and b is not None]))
                     lines.append(f"| {name} | {len(runs)} | " + " | ".join(cells) + " |")
                 lines.append("")
-        lines += [f"**Stability**, averaged over the {FUTURE_STEPS} steps after the fork: mean ± 95 % t interval over "
+        lines += per_token_section(seeds, names, length)
+        lines += [f"**Stability**, averaged over the {length} steps after the fork: mean ± 95 % t interval over "
                   "seeds (zero-variance groups: the share of groups whose rollouts all scored the same, in %).", "",
                   "| future | n | " + " | ".join(label for _, label, _, _ in STABILITY) + " |",
                   "|---|---:|" + "---:|" * len(STABILITY)]
@@ -616,10 +685,64 @@ def report(plots: Path | None) -> str:
                 cells.append(_cell([a - b for a, b in pairs if a is not None and b is not None], scale, digits))
             lines.append(f"| {_label(name)} | {len(runs)} | " + " | ".join(cells) + " |")
         lines.append("")
+        lines += over_time_section(seeds, names, length)
         if plots is not None:
             plot(regime, seeds, plots / f"fork_study_{regime}.png")
             lines += [f"![{regime}](fork_study_{regime}.png)", ""]
     return "\n".join(lines) if lines else "no finished seed yet"
+
+
+def per_token_section(seeds: dict[int, dict[str, dict[str, Any]]], names: list[str], length: int) -> list[str]:
+    """Held-out accuracy at equal generation cost: once every future has generated as many response tokens since the
+    fork as the most frugal future of any seed did in its ``length`` steps. Replay generates less a step (its stored
+    trajectory is not generated again) and shorter answers cost less, so this is the rollout engine's bill."""
+    futures = [(r, n) for r in seeds.values() if "trunk" in r and "grpo" in r for n in ("grpo", *names) if n in r]
+    ends = [tokens_generated(r[n], r["trunk"]["fork_step"], batch_questions(r["trunk"])) for r, n in futures]
+    ends = [e[max(e)] for e in ends if max(e) > min(e)]
+    if len(ends) < len(futures) or not ends:
+        return []  # a future without response lengths: no per-token reading
+    target = min(ends)
+    lines = [f"**Per generated token.** Held-out accuracy once each future has generated {target:,.0f} response "
+             "tokens since the fork (the fewest any future generated in its steps; a step generates its batch's "
+             "responses less the replayed ones), and the difference to GRPO at that point.", "",
+             "| future | n | ID | ID − GRPO | OOD | OOD − GRPO |", "|---|---:|---:|---:|---:|---:|"]
+    for name in ("grpo", *names):
+        runs = list(paired_seeds(seeds, name).values())
+        cells = []
+        for kind in ("id", "ood"):
+            at = [(seed_at_tokens(r, name, target, kind), seed_at_tokens(r, "grpo", target, kind)) for r in runs]
+            cells.append(_cell([a for a, _ in at if a is not None]).lstrip("+"))
+            cells.append("" if name == "grpo" else _cell([a - b for a, b in at if a is not None and b is not None]))
+        lines.append(f"| {_label(name)} | {len(runs)} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def over_time_section(seeds: dict[int, dict[str, dict[str, Any]]], names: list[str], length: int) -> list[str]:
+    """Each stability metric by third of the future: GRPO's level, then future − GRPO on the same fork with the A/A
+    among the rows, so a drift (entropy collapsing, answers lengthening) shows when it starts and beside what noise
+    alone moves."""
+    spans = windows(length)
+    heads = [f"+{a}..+{b}" for a, b in spans]
+    lines = [f"**Over time**: each metric averaged over thirds of the {length} steps after the fork (mean ± 95 % t "
+             "interval over seeds); the first row is GRPO's level, the others future − GRPO on the same fork.", ""]
+    for key, label, scale, digits in STABILITY:
+        rows = []
+        grpo_runs = [r for r in seeds.values() if "grpo" in r and "trunk" in r]
+        level = [_cell([x for r in grpo_runs if (x := post_fork_level(r["grpo"], r["trunk"]["fork_step"], key, w))
+                        is not None], scale, digits).lstrip("+") for w in spans]
+        if all(c == "n/a" for c in level):
+            continue
+        rows.append(f"| grpo | {len(grpo_runs)} | " + " | ".join(level) + " |")
+        for name in names:
+            runs = list(paired_seeds(seeds, name).values())
+            cells = []
+            for w in spans:
+                pairs = [(post_fork_level(r[name], r["trunk"]["fork_step"], key, w),
+                          post_fork_level(r["grpo"], r["trunk"]["fork_step"], key, w)) for r in runs]
+                cells.append(_cell([a - b for a, b in pairs if a is not None and b is not None], scale, digits))
+            rows.append(f"| {_label(name)} − GRPO | {len(runs)} | " + " | ".join(cells) + " |")
+        lines += [f"| {label} | n | " + " | ".join(heads) + " |", "|---|---:|" + "---:|" * len(spans), *rows, ""]
+    return lines
 
 
 def seeds_label(seeds: Sequence[int]) -> str:
@@ -631,8 +754,9 @@ def seeds_label(seeds: Sequence[int]) -> str:
 
 
 def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -> None:
-    """Top: future − GRPO by step after the fork (mean over seeds), ID and OOD. Bottom: each future's held-out
-    accuracy against the fresh questions it has drawn since the fork (mean over seeds).
+    """Top: future − GRPO by step after the fork (mean over seeds), ID and OOD. Middle: each future's held-out
+    accuracy against the fresh questions it has drawn since the fork (mean over seeds). Bottom: the same against the
+    response tokens it has generated since the fork (futures whose files log response lengths).
 
     Each curve's label names its seeds. Where the ablations ran on fewer seeds, ExGRPO and GRPO are drawn again,
     dashed, on the ablations' seeds: the curves each ablation is paired with in the report."""
@@ -641,7 +765,7 @@ def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(9, 6.4))
+    fig, axes = plt.subplots(3, 2, figsize=(9, 9.2))
     names = [n for n in (*MAIN_FUTURES, *AGAINST_EXGRPO) if any(n in r for r in seeds.values())]
     colours = dict(zip(names, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
     curves = [(name, list(paired_seeds(seeds, name)), "-") for name in names]
@@ -651,14 +775,14 @@ def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -
         if ablation_seeds and set(ablation_seeds) < set(base_seeds):
             curves.append((base, ablation_seeds, "--"))
     for col, kind in enumerate(("id", "ood")):
-        top, bottom = axes[0][col], axes[1][col]
+        top, bottom, cost = axes[0][col], axes[1][col], axes[2][col]
         for name, seed_ids, style in curves:
             runs = [seeds[s] for s in seed_ids]
             label = f"{name} ({seeds_label(seed_ids)})"
             diffs: dict[int, list[float]] = {}
             for r in runs:
                 fork = r["trunk"]["fork_step"]
-                for o in range(FUTURE_STEPS + 1):
+                for o in range(future_length(seeds) + 1):
                     if (g := gap(r[name], r["grpo"], fork + o, kind)) is not None:
                         diffs.setdefault(o, []).append(g)
             if name != "grpo" and diffs:
@@ -668,15 +792,25 @@ def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -
                                      kind)
             if curve:
                 bottom.plot([x for x, _ in curve], [y for _, y in curve], style, color=colours[name], label=label)
+            if style == "-":  # each seed's own curve: seeds generate different amounts, so no mean is drawn
+                for i, r in enumerate(runs):
+                    points = token_points(r[name], r["trunk"]["fork_step"], batch_questions(r["trunk"]), kind)
+                    if len(points) > 1:
+                        cost.plot([x for x, _ in points], [y for _, y in points], style, color=colours[name],
+                                  alpha=0.8, label=name if i == 0 else None)
         top.axhline(0, color="grey", lw=0.8)
         top.set_title(f"{kind.upper()}: future − GRPO, per training step (points)", fontsize=9)
         top.set_xlabel("steps after the fork")
         bottom.set_title(f"{kind.upper()}: held-out accuracy per fresh question", fontsize=9)
         bottom.set_xlabel("fresh questions drawn since the fork")
-        for ax in (top, bottom):
+        cost.set_title(f"{kind.upper()}: held-out accuracy per generated token (one line per seed)", fontsize=9)
+        cost.set_xlabel("response tokens generated since the fork")
+        for ax in (top, bottom, cost):
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     axes[1][0].legend(fontsize=7)
+    if axes[2][0].get_lines():
+        axes[2][0].legend(fontsize=7)
     fig.suptitle(f"SmolLM2-135M, forked runs, regime '{regime}' (mean over seeds; held-out: mean of "
                  f"{VAL_SAMPLES} samples at T = 1)", fontsize=10)
     rs.save_figure(fig, path)
@@ -699,8 +833,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.add_argument("--futures", nargs="*", default=[], choices=(*MAIN_FUTURES, *AGAINST_EXGRPO),
                        help="run these futures on every seed chosen, whatever the plan gives it")
         p.add_argument("--future-steps", type=int, default=FUTURE_STEPS,
-                       help=f"steps of each future after the fork (default {FUTURE_STEPS}; the report compares "
-                            f"{FUTURE_STEPS}-step futures only)")
+                       help=f"steps of each future after the fork (default {FUTURE_STEPS}; a --results folder "
+                            "holds one length: the report compares futures at the same steps)")
     p_run.add_argument("--until", default=None, help="HH:MM: start no run (trunk or future) after the next such time")
     p_run.add_argument("--max-seeds", type=int, default=None)
     p_report.add_argument("--plots", type=Path, default=None)

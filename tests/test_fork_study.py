@@ -303,7 +303,7 @@ def test_the_plot_draws_the_ablations_partners_again_on_the_ablations_seeds(tmp_
         *drawn, ("grpo (seeds 0-2)", "-"), ("grpo (seeds 1, 2)", "--")}
 
 
-def test_a_longer_future_trains_its_steps_and_says_so_and_the_report_refuses_it(tmp_path, monkeypatch):
+def test_a_longer_future_trains_its_steps_and_says_so_and_a_folder_holds_one_length(tmp_path, monkeypatch):
     monkeypatch.setattr(fs, "RESULTS", tmp_path / "results")
     item = fs.SeedPlan("headroom", 0, ("grpo",), future_steps=60)
     trunk = {"trunk_id": "t1", "fork_step": 17}
@@ -329,10 +329,82 @@ def test_a_longer_future_trains_its_steps_and_says_so_and_the_report_refuses_it(
     assert "trainer.total_training_steps=77" in launched[0] and result["future_steps"] == 60
     (tmp_path / "results").mkdir()
     fs.write(item.result("grpo"), {**result, "regime": "headroom", "trunk_id": "t1"})
-    with pytest.raises(SystemExit, match="a future of 60 steps; the report compares futures of 15"):
+    fs.write(item.result("trunk"), {"run": "trunk", "seed": 0, "regime": "headroom", "trunk_id": "t1"})
+    assert fs.future_length(fs.load("headroom")) == 60
+    fs.write(item.result("exgrpo"), {"run": "exgrpo", "seed": 0, "regime": "headroom", "trunk_id": "t1"})  # 15 steps
+    with pytest.raises(SystemExit, match=r"futures of 15 and 60 steps in regime headroom \(15: headroom__exgrpo__seed0"
+                                         r"\.json; 60: headroom__grpo__seed0\.json\)"):
         fs.load("headroom")
     monkeypatch.setattr(fs.rs, "read_metrics", lambda folder: {s: {"timing_s/step": 1.0} for s in range(18, 33)})
     with pytest.raises(SystemExit, match="grpo failed"):  # stopped at the default's 15 steps: not a 60-step future
         fs.run_future(item, "grpo", trunk, work, {})
     with pytest.raises(SystemExit):
         fs.main(["plan", "--future-steps", "0"])
+
+
+def test_a_long_future_is_read_at_its_thirds():
+    assert fs.offsets(15) == (0, 5, 10, 15) and fs.offsets(60) == (0, 20, 40, 60)
+    assert fs.windows(15) == [(1, 5), (6, 10), (11, 15)] and fs.windows(60) == [(1, 20), (21, 40), (41, 60)]
+    a = {"val": {"10": {"id": 0.2}, "30": {"id": 0.6}, "50": {"id": 0.7}, "70": {"id": 0.9}}}
+    b = {"val": {"10": {"id": 0.2}, "30": {"id": 0.5}, "50": {"id": 0.5}, "70": {"id": 0.4}}}
+    # +20, +40, +60 from a fork at 10: 0.1, 0.2, 0.5
+    assert fs.post_fork_mean(a, b, 10, "id", 60) == pytest.approx(0.8 / 3)
+
+
+def test_tokens_generated_count_each_steps_responses_less_the_replayed_ones():
+    steps = {"5": {"response_length/mean": 99.0},  # the fork's own step: before the future
+             "6": {"response_length/mean": 10.0, "actor/exgrpo/replay_token_share": 0.25},
+             "7": {"response_length/mean": 6.0}}  # no replay logged: all generated
+    result = {"steps": steps, "command": ["bash", "x.sh", "actor_rollout_ref.rollout.n=4"]}
+    # 3 questions of K = 4: 12 rows; step 6 10 * 12 * 0.75 = 90, step 7 6 * 12 = 72
+    assert fs.tokens_generated(result, 5, 3) == {5: 0.0, 6: 90.0, 7: 162.0}
+    assert fs.rollouts({"steps": {}}) == fs.ROLLOUTS == 8
+    # a step without a response length ends the reading there
+    assert fs.tokens_generated({"steps": {"6": {}, "7": {"response_length/mean": 1.0}}}, 5, 3) == {5: 0.0}
+
+
+def _long_seed(tmp_path: Path, seed: int, fork: int, val: dict[str, dict[int, float]],
+               zero_variance: dict[str, list[float]]) -> None:
+    """A trunk and 6-step futures with (ID) accuracy ``val[name]`` at +0, +2, +4, +6, responses of 10 tokens (a
+    quarter of ExGRPO's replayed) and the given zero-variance share per step."""
+    trunk = _result("headroom", "trunk", seed, f"t{seed}", {}, fork, {1: {"exgrpo/fresh_questions": 8.0}})
+    fs.write(tmp_path / f"headroom__trunk__seed{seed}.json", trunk)
+    for name, accuracy in val.items():
+        steps = {fork + o: {"response_length/mean": 10.0, "exgrpo/groups_zero_variance": zero_variance[name][o - 1],
+                            "actor/exgrpo/replay_token_share": 0.25 if name == "exgrpo" else 0.0}
+                 | ({"exgrpo/fresh_questions": 4.0} if name == "exgrpo" else {}) for o in range(1, 7)}
+        result = _result("headroom", name, seed, f"t{seed}", {fork + o: (a, None) for o, a in accuracy.items()}, fork,
+                         steps) | {"future_steps": 6}
+        fs.write(tmp_path / f"headroom__{name}__seed{seed}.json", result)
+
+
+def test_the_report_of_long_futures_compares_per_token_and_over_time_with_the_aa(tmp_path, monkeypatch):
+    monkeypatch.setattr(fs, "RESULTS", tmp_path)
+    ramp = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    _long_seed(tmp_path, 0, 7, {"grpo": {0: 0.2, 2: 0.3, 4: 0.4, 6: 0.8}, "exgrpo": {0: 0.2, 2: 0.3, 4: 0.5, 6: 0.7},
+                                "grpo_aa": {0: 0.2, 2: 0.3, 4: 0.4, 6: 0.8}},
+               {"grpo": ramp, "exgrpo": [0.2] * 6, "grpo_aa": ramp})
+    _long_seed(tmp_path, 1, 9, {"grpo": {0: 0.1, 2: 0.1, 4: 0.2, 6: 0.6}, "exgrpo": {0: 0.1, 2: 0.2, 4: 0.3, 6: 0.6},
+                                "grpo_aa": {0: 0.1, 2: 0.1, 4: 0.2, 6: 0.6}},
+               {"grpo": ramp, "exgrpo": [0.3] * 6, "grpo_aa": ramp})
+    text = fs.report(plots=None)
+    lines = text.splitlines()
+    assert "Futures of 6 steps after the fork." in text and "| future − GRPO | n | ID +0 | ID +2 | ID +4 | ID +6 |" in text
+    # 8 questions of 8 rollouts: GRPO generates 640 tokens a step (3,840 in 6), ExGRPO 480 (2,880): read at 2,880,
+    # where GRPO lies a quarter of the way from +4 (2,560) to +6 (3,840)
+    assert "once each future has generated 2,880 response tokens since the fork" in text
+    start = next(i for i, line in enumerate(lines) if line.startswith("**Per generated token.**"))
+    table = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines[start + 4:start + 7]}
+    half = 12.706 * math.sqrt(0.005) / math.sqrt(2)  # two seeds 0.1 apart
+    # GRPO 0.4 + 0.25 * 0.4 = 0.5 and 0.2 + 0.25 * 0.4 = 0.3; ExGRPO 0.7 and 0.6
+    assert table["grpo"][:2] == ["2", f"40.0 ± {100 * 2 * half:.1f}"]
+    assert table["exgrpo"][:3] == ["2", f"65.0 ± {100 * half:.1f}", f"+25.0 ± {100 * half:.1f}"]
+    assert table["grpo_aa (A/A)"][2] == "+0.0 ± 0.0"
+    # over time, zero-variance groups by third: GRPO 15, 35, 55 %; ExGRPO 20 % and 30 % against it
+    start = next(i for i, line in enumerate(lines) if line.startswith("| zero-variance groups | n | +1..+2 |"))
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines[start + 2:start + 5]}
+    assert rows["grpo"] == ["2", "15.0 ± 0.0", "35.0 ± 0.0", "55.0 ± 0.0"]
+    assert rows["exgrpo − GRPO"] == ["2", f"+10.0 ± {100 * half:.1f}", f"-10.0 ± {100 * half:.1f}",
+                                     f"-30.0 ± {100 * half:.1f}"]
+    assert rows["grpo_aa (A/A) − GRPO"] == ["2", "+0.0 ± 0.0", "+0.0 ± 0.0", "+0.0 ± 0.0"]
+    assert "| entropy per token (nats) | n |" not in text  # not logged: no table
