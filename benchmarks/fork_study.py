@@ -602,8 +602,9 @@ def report(plots: Path | None) -> str:
                   f"**Per training step.** Held-out accuracy (mean of {VAL_SAMPLES} answers sampled at T = 1), "
                   "future − GRPO on the same fork, in points: mean ± 95 % t interval over seeds (n). Steps counted "
                   "from the fork (+0: the fork's own checkpoint, the same weights in every future, so +0 shows the "
-                  f"measurement's own noise; +5 and +10 lie between the validations around them, taken every "
-                  f"{FUTURE_TEST_FREQ} global steps); 'mean': each seed's difference averaged over "
+                  "measurement's own noise; a step between two validations, taken every "
+                  f"{FUTURE_TEST_FREQ} global steps, is read on the line between them); 'mean': each seed's "
+                  "difference averaged over "
                   + ", ".join(f"+{o}" for o in offs[1:]) + ".", ""]
         heads = [f"+{o}" for o in offs] + ["mean"]
         lines.append("| future − GRPO | n | " + " | ".join(f"ID {h}" for h in heads) + " | "
