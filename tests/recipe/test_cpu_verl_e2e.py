@@ -282,8 +282,16 @@ def test_the_evaluation_command_turns_the_twins_checkpoint_into_the_papers_table
         assert generation["response_tokens"] <= 24 and generation["protocol"] == score["protocol"] == "paper"
         assert score["graded"] == PROTOCOLS_PAPER.graded_section(generation["response"], generation["prompt"])
     results = json.loads((out / "results.json").read_text())
-    # The tiny model answers the synthetic questions in the thought-then-box form: the paper's grader credits it.
-    assert results["benchmarks"]["synthetic_arith"]["score"] > 0
+    # The tiny model answers the synthetic questions in the thought-then-box form, and the paper's grader scores that
+    # box: 1 exactly where its number is the ground truth. Four questions of a twin right about half the time can all
+    # be wrong (one CI run's: 0+3=2, 2+7=8, 44-0=45, 37-34=4), so each score is checked, not that one is right.
+    synthetic = [score for generation, score in zip(generations, scores, strict=True)
+                 if generation["data_source"] == "synthetic_arith"]
+    boxed = [score for score in synthetic if re.fullmatch(r"\\boxed\{\d+\}", score["graded"])]
+    assert boxed, synthetic  # the form the twin was warm-started to answer in
+    for score in boxed:
+        assert score["score"] == float(score["graded"] == f"\\boxed{{{score['ground_truth']}}}"), score
+    assert (results["benchmarks"]["synthetic_arith"]["score"] > 0) == any(s["score"] > 0 for s in synthetic)
     assert results["paper_reported"]["ExGRPO"]["aime"] == 31.6
     table = (out / "results.md").read_text()
     assert "| model | AIME24 | AIME25 | AMC | MATH-500 | Minerva | Olympiad | ID avg | ARC-c |" in table
