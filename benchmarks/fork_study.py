@@ -10,9 +10,10 @@ at step 1. Here every seed has one history and several futures:
   of the **fork step** is written: the last step before the first replay, the latch step + 1 (collection starts
   there, the first replay is drawn a step later). A trunk that has not latched by ``FORK_BY`` forks there instead,
   which its result file says.
-- the **futures**, ``FUTURE_STEPS`` steps each (``--future-steps``) from that one checkpoint (hard-linked into a folder of its own):
-  ``exgrpo`` (replay on), ``grpo`` (``exgrpo.enable=false``: the pool stays on disk, unread), ``grpo_aa`` (GRPO again
-  with another rollout seed: what noise alone does after the fork), and for the ablation seeds of the hard regime
+- the **futures**, ``FUTURE_STEPS`` steps each (``--future-steps``) from that one checkpoint (hard-linked into a
+  folder of its own): ``exgrpo`` (replay on), ``grpo`` (``exgrpo.enable=false``: the pool stays on disk, unread),
+  ``grpo_aa`` (GRPO again with another rollout seed: what noise alone does after the fork), and for the ablation
+  seeds of the hard regime
   the paper's ablations ``exgrpo_select_random`` (a random stored trajectory), ``exgrpo_no_shaping`` (the plain
   clipped ratio) and ``exgrpo_uniform_buckets`` (question selection uniform over the accuracy buckets: sigma 1000).
   Resuming an ExGRPO checkpoint either way is tested (tests/recipe/test_step_tq.py, the fork test). Every future
@@ -505,18 +506,20 @@ def tokens_generated(result: dict[str, Any], fork: int, batch_questions: int) ->
     return out
 
 
-def fresh_points(result: dict[str, Any], fork: int, batch_questions: int, kind: str) -> list[tuple[float, float]]:
-    """(fresh questions drawn since the fork, held-out accuracy) at each of the future's validations."""
-    used = fresh_consumed(result, fork, batch_questions)
+def val_points(result: dict[str, Any], used: dict[int, float], kind: str) -> list[tuple[float, float]]:
+    """(what the future had used by a step, held-out accuracy) at each of its validations ``used`` counts to."""
     return sorted((used[s], v[kind]) for s_, v in result["val"].items()
                   if (s := int(s_)) in used and v.get(kind) is not None)
+
+
+def fresh_points(result: dict[str, Any], fork: int, batch_questions: int, kind: str) -> list[tuple[float, float]]:
+    """(fresh questions drawn since the fork, held-out accuracy) at each of the future's validations."""
+    return val_points(result, fresh_consumed(result, fork, batch_questions), kind)
 
 
 def token_points(result: dict[str, Any], fork: int, batch_questions: int, kind: str) -> list[tuple[float, float]]:
     """(tokens generated since the fork, held-out accuracy) at each of the future's validations."""
-    used = tokens_generated(result, fork, batch_questions)
-    return sorted((used[s], v[kind]) for s_, v in result["val"].items()
-                  if (s := int(s_)) in used and v.get(kind) is not None)
+    return val_points(result, tokens_generated(result, fork, batch_questions), kind)
 
 
 def seed_at_tokens(runs: dict[str, dict[str, Any]], name: str, target: float, kind: str) -> float | None:
@@ -568,6 +571,14 @@ def post_fork_level(result: dict[str, Any], fork: int, key: str, window: tuple[i
     first, last = window or (1, 10**9)
     values = [v[key] for s, v in result["steps"].items() if first <= int(s) - fork <= last and key in v]
     return statistics.fmean(values) if values else None
+
+
+def paired_level_cell(runs: list[dict[str, dict[str, Any]]], name: str, key: str, scale: float, digits: int,
+                      window: tuple[int, int] | None = None) -> str:
+    """``name`` − GRPO of a per-step metric's level after the fork (over ``window``), one difference per seed."""
+    pairs = [(post_fork_level(r[name], r["trunk"]["fork_step"], key, window),
+              post_fork_level(r["grpo"], r["trunk"]["fork_step"], key, window)) for r in runs]
+    return _cell([a - b for a, b in pairs if a is not None and b is not None], scale, digits)
 
 
 def paired_seeds(seeds: dict[int, dict[str, dict[str, Any]]], name: str, partner: str = "grpo"
@@ -679,11 +690,7 @@ def report(plots: Path | None) -> str:
                   "|---|---:|" + "---:|" * len(STABILITY)]
         for name in names:
             runs = list(paired_seeds(seeds, name).values())
-            cells = []
-            for key, _, scale, digits in STABILITY:
-                pairs = [(post_fork_level(r[name], r["trunk"]["fork_step"], key),
-                          post_fork_level(r["grpo"], r["trunk"]["fork_step"], key)) for r in runs]
-                cells.append(_cell([a - b for a, b in pairs if a is not None and b is not None], scale, digits))
+            cells = [paired_level_cell(runs, name, key, scale, digits) for key, _, scale, digits in STABILITY]
             lines.append(f"| {_label(name)} | {len(runs)} | " + " | ".join(cells) + " |")
         lines.append("")
         lines += over_time_section(seeds, names, length)
@@ -736,11 +743,7 @@ def over_time_section(seeds: dict[int, dict[str, dict[str, Any]]], names: list[s
         rows.append(f"| grpo | {len(grpo_runs)} | " + " | ".join(level) + " |")
         for name in names:
             runs = list(paired_seeds(seeds, name).values())
-            cells = []
-            for w in spans:
-                pairs = [(post_fork_level(r[name], r["trunk"]["fork_step"], key, w),
-                          post_fork_level(r["grpo"], r["trunk"]["fork_step"], key, w)) for r in runs]
-                cells.append(_cell([a - b for a, b in pairs if a is not None and b is not None], scale, digits))
+            cells = [paired_level_cell(runs, name, key, scale, digits, w) for w in spans]
             rows.append(f"| {_label(name)} − GRPO | {len(runs)} | " + " | ".join(cells) + " |")
         lines += [f"| {label} | n | " + " | ".join(heads) + " |", "|---|---:|" + "---:|" * len(spans), *rows, ""]
     return lines
@@ -767,6 +770,7 @@ def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(3, 2, figsize=(9, 9.2))
+    length = future_length(seeds)
     names = [n for n in (*MAIN_FUTURES, *AGAINST_EXGRPO) if any(n in r for r in seeds.values())]
     colours = dict(zip(names, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
     curves = [(name, list(paired_seeds(seeds, name)), "-") for name in names]
@@ -783,7 +787,7 @@ def plot(regime: str, seeds: dict[int, dict[str, dict[str, Any]]], path: Path) -
             diffs: dict[int, list[float]] = {}
             for r in runs:
                 fork = r["trunk"]["fork_step"]
-                for o in range(future_length(seeds) + 1):
+                for o in range(length + 1):
                     if (g := gap(r[name], r["grpo"], fork + o, kind)) is not None:
                         diffs.setdefault(o, []).append(g)
             if name != "grpo" and diffs:
