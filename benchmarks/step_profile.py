@@ -1,12 +1,15 @@
 """A SmolLM2 twin's step against its arithmetic bound, phase by phase, and what the CPU settings changed.
 
 ``run``: the fork study's step (SmolLM2-135M-Instruct, the paper profile, 8 questions x 8 rollouts, 64-token prompts
-and 32-token responses, the hard regime's questions, micro-batches of 1,024 tokens) for ``--steps`` steps without
-validation or checkpoints, in two arms alternated for ``--repeats`` rounds, so a slow spell of the machine hits both:
+and 32-token responses, the hard regime's questions, the CPU group's micro-batch budget) for ``--steps`` steps without
+validation or checkpoints, in the ``--arms`` chosen (default ``before_14 now``) alternated for ``--repeats`` rounds,
+so a slow spell of the machine hits each:
 
-- ``before``: the CPU settings this benchmark replaced (packed micro-batches, gradient checkpointing, one thread in
-  every Ray worker, one core kept by vLLM for its engine loop, verl's 2-s poll for finished groups), restored by
-  overrides;
+- ``before``: the CPU settings this benchmark first replaced (packed micro-batches, gradient checkpointing, one
+  thread in every Ray worker, one core kept by vLLM for its engine loop, verl's 2-s poll for finished groups) with
+  those of ``before_14``, restored by overrides;
+- ``before_14``: the engine settings of docs/cpu.md's note 14 before it (1,024-token micro-batches, the entropy
+  bonus recomputed in the backward, torch's sdpa), restored by overrides;
 - ``now``: ``device/cpu.yaml`` and the launcher as they are.
 
 Per arm and phase (verl's ``timing_s/gen``, ``old_log_prob``, ``update_actor``, ``step``), the median over every
@@ -26,7 +29,7 @@ Writes ``benchmarks/results/step_profile_<cpu>_f<family>m<model>.json`` and prin
 
 Usage::
 
-    python benchmarks/step_profile.py run [--steps 5] [--repeats 2] [--root runs/step_profile]
+    python benchmarks/step_profile.py run [--steps 5] [--repeats 2] [--arms before_14 now] [--root runs/step_profile]
     python benchmarks/step_profile.py profile [--root runs/step_profile]
     python benchmarks/step_profile.py table [--root runs/step_profile]     # the tables and the file again
 """
@@ -54,10 +57,16 @@ import cpu_precision  # noqa: E402
 import fork_study  # noqa: E402
 import replay_study as rs  # noqa: E402
 
+BEFORE_14 = ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024", "actor_rollout_ref.actor.entropy_checkpointing=true",
+             "actor_rollout_ref.model.override_config.attn_implementation=sdpa"]
 ARMS: dict[str, tuple[list[str], dict[str, str]]] = {
     "before": (["actor_rollout_ref.model.use_remove_padding=true",
-                "actor_rollout_ref.model.enable_gradient_checkpointing=true", "exgrpo.sample_poll_interval=null"],
+                "actor_rollout_ref.model.enable_gradient_checkpointing=true", "exgrpo.sample_poll_interval=null",
+                *BEFORE_14],
                {"OMP_NUM_THREADS": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}),
+    # the engine settings docs/cpu.md's note 14 replaced: 1,024-token micro-batches, the entropy bonus recomputed in
+    # the backward, torch's sdpa
+    "before_14": (BEFORE_14, {}),
     "now": ([], {}),
 }
 PHASES = {"gen": "timing_s/gen", "old_log_prob": "timing_s/old_log_prob", "update": "timing_s/update_actor",
@@ -86,9 +95,10 @@ def _launch(folder: Path, steps: int, overrides: list[str], env_extra: dict[str,
     (folder / "done").write_text("")
 
 
-def run(root: Path, steps: int, repeats: int) -> None:
+def run(root: Path, steps: int, repeats: int, arms: Sequence[str] = ("before_14", "now")) -> None:
     for round_ in range(repeats):
-        for arm, (overrides, env_extra) in ARMS.items():
+        for arm in arms:
+            overrides, env_extra = ARMS[arm]
             folder = root / f"{arm}_{round_}"
             if not (folder / "done").exists():
                 _launch(folder, steps, overrides, env_extra)
@@ -103,12 +113,17 @@ def profile(root: Path) -> None:
                                             "actor_rollout_ref.actor.profiler.enable=true"], {})
 
 
+def arm_runs(root: Path, arm: str) -> list[Path]:
+    """The arm's finished runs (``<arm>_<round>``: ``before_0`` is not a run of ``before_14``), in run order."""
+    return [folder for folder in sorted(root.glob(f"{arm}_*"))
+            if folder.name[len(arm) + 1:].isdigit() and (folder / "done").exists()]
+
+
 def arm_steps(root: Path, arm: str) -> list[dict[str, float]]:
     """Every finished run's steps after its first, in run order."""
     out = []
-    for folder in sorted(root.glob(f"{arm}_*")):
-        if (folder / "done").exists():
-            out += [m for step, m in sorted(rs.read_metrics(folder).items()) if step > 1 and PHASES["step"] in m]
+    for folder in arm_runs(root, arm):
+        out += [m for step, m in sorted(rs.read_metrics(folder).items()) if step > 1 and PHASES["step"] in m]
     return out
 
 
@@ -180,26 +195,30 @@ def table(root: Path) -> dict[str, Any]:
             continue
         tokens = statistics.median(m["global_seqlen/mean"] for m in steps)
         generated = statistics.median(m["response_length/mean"] for m in steps) * SEQUENCES
-        arms[arm] = {"runs": len([f for f in root.glob(f"{arm}_*") if (f / "done").exists()]), "steps": len(steps),
+        arms[arm] = {"runs": len(arm_runs(root, arm)), "steps": len(steps),
                      "tokens": tokens, "generated": generated,
                      **{p: round(statistics.median(m[k] for m in steps), 2) for p, k in PHASES.items()}}
+    if not arms:
+        raise SystemExit(f"[step_profile] no finished run of any arm under {root}: run `step_profile.py run` first")
     reference = arms.get("now") or next(iter(arms.values()))
     bound = {p: round(f / rate, 2) for p, f in phase_flops(shape, reference["tokens"], reference["generated"]).items()}
     bound["step"] = round(sum(bound.values()), 2)
     result = {"command": ["python", "benchmarks/step_profile.py", *sys.argv[1:]], "machine": cpu_precision.machine(),
               "precision": precision, "threads": threads, "matmul_gflops": round(rate / 1e9, 1),
               "model": shape, "arms": arms, "bound_s": bound, "profile": trace_table(root)}
+    others = [a for a in arms if a != "now"] if "now" in arms else []
     lines = [f"{result['machine']['cpu']}, {precision}, {threads} threads: matmul {rate / 1e9:.0f} GFLOP/s; "
              f"{reference['tokens']:.0f} tokens a step, {reference['generated']:.0f} generated", "",
              "| phase | bound (s) | "
              + " | ".join(f"{a} (s, {v['runs']} runs, {v['steps']} steps)" for a, v in arms.items())
-             + " | now / bound | before / now |", "|---|---:|" + "---:|" * len(arms) + "---:|---:|"]
+             + " | now / bound |" + "".join(f" {a} / now |" for a in others),
+             "|---|---:|" + "---:|" * len(arms) + "---:|" + "---:|" * len(others)]
     for phase in PHASES:
         cells = [f"{v[phase]:.2f}" for v in arms.values()]
-        now, before = arms.get("now", {}).get(phase), arms.get("before", {}).get(phase)
+        now = arms.get("now", {}).get(phase)
         of_bound = f"{now / bound[phase]:.1f}x" if now else ""
-        gain = f"{before / now:.2f}x" if now and before else ""
-        lines.append(f"| {phase} | {bound[phase]:.2f} | " + " | ".join(cells) + f" | {of_bound} | {gain} |")
+        ratios = "".join(f" {arms[a][phase] / now:.2f} |" for a in others)
+        lines.append(f"| {phase} | {bound[phase]:.2f} | " + " | ".join(cells) + f" | {of_bound} |" + ratios)
     if result["profile"]:
         lines += ["", f"Profiled step {PROFILED_STEP} (`now` settings), self time by operator:", "",
                   "| phase | operator | self (s) |", "|---|---|---:|"]
@@ -221,11 +240,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p_run, p_profile, p_table = sub.add_parser("run"), sub.add_parser("profile"), sub.add_parser("table")
     p_run.add_argument("--steps", type=int, default=5)
     p_run.add_argument("--repeats", type=int, default=2)
+    p_run.add_argument("--arms", nargs="+", choices=list(ARMS), default=["before_14", "now"])
     for p in (p_run, p_profile, p_table):
         p.add_argument("--root", type=Path, default=REPO / "runs" / "step_profile")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.root.resolve(), args.steps, args.repeats)
+        run(args.root.resolve(), args.steps, args.repeats, args.arms)
     elif args.command == "profile":
         profile(args.root.resolve())
     table(args.root.resolve())

@@ -1,7 +1,8 @@
 """Every launch that worked before the launch layer moved to hydra config groups composes the same final config.
 
-The fixtures (tests/recipe/fixtures/composed/, written by ``python tests/recipe/launches.py`` on 4da1df5, when the
-layers were bash arrays merged by a parser of our own) hold each launch's resolved config, flat, as its differences
+The fixtures (tests/recipe/fixtures/composed/, first written by ``python tests/recipe/launches.py`` on 4da1df5, when
+the layers were bash arrays merged by a parser of our own, and regenerated only where a commit changed a run on
+purpose, saying so) hold each launch's resolved config, flat, as its differences
 from one launch's. Here each launch is run
 again as a user types it (same environment variables, same overrides after the script's name) with ``DRY_RUN=1``;
 the lines it prints are composed with hydra's compose API over ``exgrpo_trainer``, exactly as printed, and compared
@@ -48,10 +49,9 @@ def workdir(tmp_path_factory) -> Path:
 
 
 # Keys added to the recipe yaml since the fixtures were recorded, with the default every launch composes: a launch may
-# differ from its fixture by these alone (absent before, this value now).
-# (none between the CPU layout and threads, step_profile.py, regenerating them and the revisit ablation's switch)
-ADDED_SINCE: dict[str, object] = {"exgrpo.replay_with_trajectory": True,
-                                  "actor_rollout_ref.exgrpo.replay_with_trajectory": True}  # the worker's copy
+# differ from its fixture by these alone (absent before, this value now). None since the last regeneration (the CPU
+# twin's 4,096-token micro-batches, entropy kept for the backward and eager attention, from step_profile.py).
+ADDED_SINCE: dict[str, object] = {}
 
 
 def differences(name: str, workdir: Path) -> dict[str, tuple[str, str]]:

@@ -222,7 +222,7 @@ CPU_ENGINE_KEYS = {
     "actor_rollout_ref.rollout.enforce_eager", "actor_rollout_ref.rollout.enable_sleep_mode",
     "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.rollout.max_num_batched_tokens",
     "actor_rollout_ref.model.use_remove_padding", "actor_rollout_ref.model.enable_gradient_checkpointing",
-    "exgrpo.sample_poll_interval",
+    "exgrpo.sample_poll_interval", "actor_rollout_ref.actor.entropy_checkpointing",
 }
 # Float32 throughout: the twin on a CPU without bf16 units, or with EXGRPO_CPU_PRECISION=fp32 (bf16 is the GPU's).
 CPU_FP32_KEYS = {
@@ -232,6 +232,7 @@ CPU_FP32_KEYS = {
 # Settings verl's yaml copies from another key by interpolation: they change with their source.
 VERL_COPIES = {
     "actor_rollout_ref.actor.use_remove_padding": "actor_rollout_ref.model.use_remove_padding",
+    "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing": "actor_rollout_ref.actor.entropy_checkpointing",
     "actor_rollout_ref.ref.use_torch_compile": "actor_rollout_ref.actor.use_torch_compile",
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
@@ -431,8 +432,11 @@ def test_the_twin_computes_in_bf16_where_the_cpu_has_bf16_units_and_in_float32_e
             assert (twin[key], reference[key]) == (False, True), key
         # the trainer looks for finished groups every 0.2 s (GPU: verl's 2 s)
         assert (twin["exgrpo.sample_poll_interval"], reference["exgrpo.sample_poll_interval"]) == (0.2, None)
-        # micro-batches of 1,024 tokens, TOKENS_PER_GPU as on GPU
-        assert twin["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == 1024
+        # micro-batches of 4,096 tokens, the entropy bonus not recomputed, eager attention; TOKENS_PER_GPU as on GPU
+        assert twin["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == 4096
+        assert (twin["actor_rollout_ref.actor.entropy_checkpointing"],
+                reference["actor_rollout_ref.actor.entropy_checkpointing"]) == (False, True)
+        assert twin["actor_rollout_ref.model.override_config.attn_implementation"] == "eager"
         budget = run_launcher({**env, "EXGRPO_PROFILE": profile, "TOKENS_PER_GPU": "256"})
         assert _resolved(budget.stdout.splitlines())["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] == 256
         assert twin["actor_rollout_ref.actor.fsdp_config.dtype"] == "bfloat16"
