@@ -57,7 +57,8 @@ import cpu_precision  # noqa: E402
 import fork_study  # noqa: E402
 import replay_study as rs  # noqa: E402
 
-BEFORE_14 = ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024", "actor_rollout_ref.actor.entropy_checkpointing=true",
+BEFORE_14 = ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024",
+             "actor_rollout_ref.actor.entropy_checkpointing=true",
              "actor_rollout_ref.model.override_config.attn_implementation=sdpa"]
 ARMS: dict[str, tuple[list[str], dict[str, str]]] = {
     "before": (["actor_rollout_ref.model.use_remove_padding=true",
